@@ -1,0 +1,12 @@
+//! The engine layer of DESIGN.md: simulated time, the event queue, seeded
+//! random streams and statistics. It knows nothing about TLBs or pages.
+
+pub mod queue;
+pub mod rng;
+pub mod stats;
+pub mod time;
+
+pub use queue::EventQueue;
+pub use rng::SimRng;
+pub use stats::{Counters, Histogram, LinearFit, Summary};
+pub use time::{Clock, Cycles};
