@@ -1,0 +1,1 @@
+//! Real host measurements. Work in progress.

@@ -1,0 +1,1 @@
+//! Mirage DSM (fleisch89). Work in progress.

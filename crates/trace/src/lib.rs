@@ -1,0 +1,1 @@
+//! Memory traces and fast TLB simulation. Work in progress.
