@@ -1,3 +1,276 @@
-fn main() {
-    println!("mmulab");
+//! The `mmulab` command: parse, build, run, print. Nothing else lives here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use mmulab_experiment::{Results, Spec};
+use mmulab_report::Table;
+
+#[derive(Parser)]
+#[command(name = "mmulab", version, about = "Translation coherence toolkit: TLB shootdown, HAT layers, UNITD, software-managed TLBs, Mirage DSM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an experiment spec and print its summary.
+    Run {
+        spec: PathBuf,
+        /// Override any spec field: KEY=VALUE (dotted keys, TOML values).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Write DIR/results.json and DIR/results.csv.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Print results.json to stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Randomized correctness sweep: many seeds of a random workload under a
+    /// protocol, every translation checked by the oracle.
+    Check {
+        #[arg(long)]
+        protocol: String,
+        #[arg(long, default_value_t = 1000)]
+        seeds: u64,
+        /// First seed.
+        #[arg(long, default_value_t = 1)]
+        start: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure simulated memory references per second on this host.
+    Bench {
+        /// Runs; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// References per thread (the fixed workload uses 2,000,000).
+        #[arg(long, default_value_t = 2_000_000)]
+        refs_per_thread: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Name the presets, protocols and workloads.
+    List,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mmulab: {e:#}");
+            if e.downcast_ref::<mmulab_experiment::SpecError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}").expect("template").progress_chars("=> "));
+    pb.set_message(what.to_string());
+    // Only runs longer than a second show it; indicatif hides it when
+    // stderr is not a terminal.
+    pb.enable_steady_tick(std::time::Duration::from_millis(250));
+    pb
+}
+
+fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Run { spec, sets, out, json } => {
+            let spec = Spec::load(&spec, &sets)?;
+            let pb = bar(spec.runs, "running");
+            let results = mmulab_experiment::run_spec(&spec, |i, _| pb.set_position(i))?;
+            pb.finish_and_clear();
+            if let Some(dir) = &out {
+                results.write(dir).with_context(|| format!("writing results to {}", dir.display()))?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&results)?);
+            } else {
+                print!("{}", summary(&spec, &results));
+                if let Some(dir) = &out {
+                    println!("results written to {}/results.json and results.csv", dir.display());
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { protocol, seeds, start, json } => {
+            if mmulab_protocols::find(&protocol).is_none() {
+                return Err(mmulab_experiment::SpecError::Invalid(format!(
+                    "--protocol: unknown protocol `{protocol}` (known: {})",
+                    mmulab_protocols::names().join(", ")
+                ))
+                .into());
+            }
+            let pb = bar(seeds, &format!("check {protocol}"));
+            let report = mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));
+            pb.finish_and_clear();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "protocol {}: {} seeds ({}..{}), {} translation uses checked, {} shootdown interrupts, {:.1} s",
+                    report.protocol,
+                    report.seeds,
+                    report.start,
+                    report.start + report.seeds - 1,
+                    report.checked_uses,
+                    report.shootdowns,
+                    report.wall_s
+                );
+                println!(
+                    "violations: {} (in {} seeds); liveness failures: {}; runs that hit the time limit: {}",
+                    report.violations, report.seeds_with_violations, report.liveness_failures, report.timeouts
+                );
+                if let Some(f) = &report.first_failing {
+                    println!("first failing seed: {}", f.seed);
+                    if let Some(v) = &f.first_violation {
+                        println!("  {v}");
+                    }
+                    if let Some(l) = &f.liveness {
+                        println!("  liveness: {l}");
+                    }
+                    println!("  replay: {}", f.replay);
+                }
+            }
+            Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Bench { runs, refs_per_thread, json } => {
+            let sets = vec![format!("workload.refs_per_thread={refs_per_thread}")];
+            let spec = Spec::parse(BENCH_SPEC, &sets, "bench")?;
+            let mut rates = Vec::new();
+            let pb = bar(runs as u64, "bench");
+            for i in 0..runs {
+                let r = mmulab_experiment::run_spec(&spec, |_, _| {})?;
+                anyhow::ensure!(r.oracle.violations == 0, "bench run {i} reported oracle violations");
+                rates.push(r.host.refs_per_second);
+                pb.set_position(i as u64 + 1);
+            }
+            pb.finish_and_clear();
+            let median = mmulab_engine::stats::summarize(&rates).median;
+            let out = serde_json::json!({
+                "refs_per_second": median,
+                "samples": rates,
+                "runs": runs,
+                "workload": "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
+                "machine": mmulab_experiment::run::machine_description(),
+                "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+            });
+            if json {
+                println!("{out}");
+            } else {
+                println!("{:.1} M simulated references per second (median of {runs} runs)", median / 1e6);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::List => {
+            let mut t = Table::new(&["preset", "models", "inputs from"]);
+            for p in mmulab_experiment::preset::all() {
+                t.row(vec![p.name, p.about, p.source]);
+            }
+            print!("{}", t.render());
+            println!();
+            let mut t = Table::new(&["protocol", "what it is"]);
+            for e in mmulab_protocols::REGISTRY {
+                let about = if e.negative_control { format!("{} [negative control]", e.about) } else { e.about.to_string() };
+                t.row(vec![e.name.to_string(), about]);
+            }
+            print!("{}", t.render());
+            println!();
+            let mut t = Table::new(&["workload", "what it runs"]);
+            for (n, a) in mmulab_workloads::WorkloadSpec::names() {
+                t.row(vec![n.to_string(), a.to_string()]);
+            }
+            print!("{}", t.render());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The fixed speed workload (foundation issue, "Speed").
+const BENCH_SPEC: &str = r#"
+protocol = "global"
+seed = 1
+[machine]
+cpus = 16
+memory_mb = 256
+[workload]
+kind = "bench"
+threads = 16
+private_pages = 256
+shared_pages = 64
+mprotect_every = 100000
+"#;
+
+fn summary(spec: &Spec, r: &Results) -> String {
+    let clock = mmulab_engine::Clock::new(spec.costs.clock_hz);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "mmulab run: protocol {}, preset {}, {} CPUs, workload {}, seed {}, {} run(s)\n",
+        spec.protocol, spec.preset, spec.machine.cpus, r.workload.name, r.seed, r.runs
+    ));
+    out.push_str(&format!(
+        "simulated {:.1} µs ({} cycles at {:.1} MHz); {} references in {:.3} s wall ({:.1} M refs/s)\n\n",
+        clock.to_us(mmulab_engine::Cycles(r.simulated_cycles)),
+        r.simulated_cycles,
+        spec.costs.clock_hz / 1e6,
+        r.counters.get("refs"),
+        r.host.wall_s,
+        r.host.refs_per_second / 1e6
+    ));
+    let mut t = Table::new(&["histogram", "n", "mean ± sd", "median", "p10", "p90"]);
+    for (name, s) in r.histograms.iter().filter(|(n, _)| n.ends_with("_us")) {
+        t.row(vec![
+            name.clone(),
+            s.n.to_string(),
+            format!("{:.1} ± {:.1}", s.mean, s.sd),
+            format!("{:.1}", s.median),
+            format!("{:.1}", s.p10),
+            format!("{:.1}", s.p90),
+        ]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new(&["counter", "value"]);
+    for (k, v) in &r.counters.0 {
+        t.row(vec![k.clone(), v.to_string()]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new(&["check", "verdict", "detail"]);
+    t.row(vec![
+        "oracle".into(),
+        r.oracle.verdict.clone(),
+        format!("{} violations in {} checked translation uses", r.oracle.violations, r.oracle.checked_uses),
+    ]);
+    t.row(vec!["workload".into(), r.workload.verdict.clone(), r.workload.notes.join("; ")]);
+    if !r.liveness.is_empty() {
+        let l = &r.liveness[0];
+        t.row(vec!["watchdog".into(), "liveness failure".into(), format!("seed {}: {} waiting for {}", l.seed, l.failure.cpu, l.failure.waiting_for)]);
+    }
+    out.push_str(&t.render());
+    for v in r.oracle.first.iter().take(3) {
+        out.push_str(&format!(
+            "  violation: {} thread {} {} {:#x} at {} after `{}` by {} completed at {:?}\n",
+            v.cpu,
+            v.thread,
+            if v.store { "stored to" } else { "loaded" },
+            v.va,
+            v.time,
+            v.op,
+            v.op_cpu,
+            v.op_completed
+        ));
+    }
+    out
 }

@@ -1,0 +1,140 @@
+//! `mmulab check`: the randomized correctness sweep. Every parameter of a
+//! run (machine size, TLB geometry and policy, quantum, queue size,
+//! threshold, lazy evaluation, interrupt-disabled windows, the workload's
+//! shape) is drawn from the seed (a seed swarm), so one seed number
+//! replays one exact run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use mmulab_engine::SimRng;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::run::run_seed;
+use crate::spec::Spec;
+
+/// The spec a check seed runs.
+pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
+    let mut r = SimRng::new(seed, "swarm");
+    let cpus = *r.pick(&[2usize, 3, 4, 5, 8]);
+    let entries = *r.pick(&[4usize, 8, 16, 64]);
+    let ways = *r.pick(&[1usize, 2, entries]);
+    let policy = *r.pick(&["lru", "fifo", "random"]);
+    let quantum = *r.pick(&[1u64, 10, 100, 400]);
+    let queue = r.range_inclusive(1, 4);
+    let threshold = r.range_inclusive(1, 8);
+    let lazy = r.chance(0.8);
+    let windows = r.chance(0.5);
+    let tasks = r.range_inclusive(1, 3);
+    let threads = r.range_inclusive(1, 4);
+    let steps = r.range_inclusive(30, 90);
+    let page_table = *r.pick(&["x86-64", "i386"]);
+    let mut text = format!(
+        "protocol = \"{protocol}\"\nseed = {seed}\n\
+         [machine]\ncpus = {cpus}\nmemory_mb = 64\npage_table = \"{page_table}\"\n\
+         [machine.tlb]\nentries = {entries}\nways = {ways}\npolicy = \"{policy}\"\n\
+         [engine]\nquantum_cycles = {quantum}\nspin_bound = 200000\nmax_cycles = 2000000000\n\
+         [protocol_options]\nlazy = {lazy}\nflush_threshold = {threshold}\naction_queue = {queue}\n\
+         [workload]\nkind = \"random\"\ntasks = {tasks}\nthreads_per_task = {threads}\nsteps = {steps}\n"
+    );
+    if windows {
+        text.push_str("[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n");
+    }
+    Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FailingSeed {
+    pub seed: u64,
+    pub violations: u64,
+    pub liveness: Option<String>,
+    pub first_violation: Option<String>,
+    pub replay: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    pub protocol: String,
+    pub seeds: u64,
+    pub start: u64,
+    pub violations: u64,
+    pub seeds_with_violations: u64,
+    pub liveness_failures: u64,
+    pub timeouts: u64,
+    pub checked_uses: u64,
+    pub shootdowns: u64,
+    pub first_failing: Option<FailingSeed>,
+    pub wall_s: f64,
+}
+
+impl CheckReport {
+    pub fn passed(&self) -> bool {
+        self.violations == 0 && self.liveness_failures == 0
+    }
+}
+
+struct SeedResult {
+    seed: u64,
+    violations: u64,
+    liveness: Option<String>,
+    first: Option<String>,
+    timed_out: bool,
+    checked: u64,
+    shootdowns: u64,
+}
+
+fn check_one(protocol: &str, seed: u64) -> SeedResult {
+    let spec = swarm_spec(protocol, seed);
+    let out = run_seed(&spec, seed);
+    let c = &out.sim.counters;
+    SeedResult {
+        seed,
+        violations: out.sim.oracle.violations,
+        liveness: out.sim.liveness.as_ref().map(|l| format!("{} spun from {} to {} waiting for {}", l.cpu, l.since, l.at, l.waiting_for)),
+        first: out.sim.oracle.first.first().map(|v| {
+            format!(
+                "{} thread {} used a stale translation of {:#x} (space {}) at {} after `{}` by {} completed at {:?}",
+                v.cpu, v.thread, v.va, v.space, v.time, v.op, v.op_cpu, v.op_completed
+            )
+        }),
+        timed_out: out.sim.timed_out,
+        checked: out.sim.oracle.checked_uses,
+        shootdowns: c.get("interrupts.shootdown"),
+    }
+}
+
+/// Runs `seeds` seeds from `start` in parallel (one seed per task, so the
+/// result does not depend on the thread count).
+pub fn check(protocol: &str, start: u64, seeds: u64, progress: &(dyn Fn(u64) + Sync)) -> CheckReport {
+    let t0 = Instant::now();
+    let done = AtomicU64::new(0);
+    let results: Vec<SeedResult> = (start..start + seeds)
+        .into_par_iter()
+        .map(|s| {
+            let r = check_one(protocol, s);
+            progress(done.fetch_add(1, Ordering::Relaxed) + 1);
+            r
+        })
+        .collect();
+    let first = results.iter().find(|r| r.violations > 0 || r.liveness.is_some()).map(|r| FailingSeed {
+        seed: r.seed,
+        violations: r.violations,
+        liveness: r.liveness.clone(),
+        first_violation: r.first.clone(),
+        replay: format!("mmulab check --protocol {protocol} --start {} --seeds 1", r.seed),
+    });
+    CheckReport {
+        protocol: protocol.to_string(),
+        seeds,
+        start,
+        violations: results.iter().map(|r| r.violations).sum(),
+        seeds_with_violations: results.iter().filter(|r| r.violations > 0).count() as u64,
+        liveness_failures: results.iter().filter(|r| r.liveness.is_some()).count() as u64,
+        timeouts: results.iter().filter(|r| r.timed_out).count() as u64,
+        checked_uses: results.iter().map(|r| r.checked).sum(),
+        shootdowns: results.iter().map(|r| r.shootdowns).sum(),
+        first_failing: first,
+        wall_s: t0.elapsed().as_secs_f64(),
+    }
+}

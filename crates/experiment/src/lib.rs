@@ -1,0 +1,13 @@
+//! Experiments: a spec (TOML, a preset under it, `--set` overrides on top)
+//! is validated, run for `runs` seeds and turned into results. The same
+//! spec and seed give byte-identical results (all but `host`).
+
+pub mod check;
+pub mod preset;
+pub mod results;
+pub mod run;
+pub mod spec;
+
+pub use results::Results;
+pub use run::{run_spec, RunError};
+pub use spec::{Spec, SpecError};

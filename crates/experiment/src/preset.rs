@@ -1,0 +1,59 @@
+//! Timing presets. A preset is a TOML file with a name, what it models,
+//! the paper table its inputs come from, and a partial spec (`[spec]`)
+//! merged under the user's spec. Built-in presets live in `presets/` and
+//! are compiled in; a path to a file (e.g. one written by
+//! `mmulab host preset`) works too.
+
+use serde::Deserialize;
+
+use crate::spec::SpecError;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preset {
+    pub name: String,
+    pub about: String,
+    /// The paper table (or measurement) its inputs come from.
+    pub source: String,
+    #[serde(default)]
+    pub spec: toml::Table,
+}
+
+/// (name, file text) of every built-in preset.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("generic", include_str!("../../../presets/generic.toml")),
+    ("encore-multimax-1989", include_str!("../../../presets/encore-multimax-1989.toml")),
+];
+
+fn parse(text: &str, origin: &str) -> Result<Preset, SpecError> {
+    toml::from_str(text).map_err(|e| SpecError::Invalid(format!("preset {origin}: {}", e.to_string().trim())))
+}
+
+pub fn load(name: &str) -> Result<Preset, SpecError> {
+    if let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name) {
+        return parse(text, name);
+    }
+    if name.ends_with(".toml") {
+        let text = std::fs::read_to_string(name).map_err(|err| SpecError::Io { path: name.to_string(), err })?;
+        return parse(&text, name);
+    }
+    Err(SpecError::Invalid(format!(
+        "preset: unknown preset `{name}` (built-in: {}; or give a path ending in .toml)",
+        BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    )))
+}
+
+pub fn all() -> Vec<Preset> {
+    BUILTIN.iter().map(|(n, t)| parse(t, n).expect("built-in presets parse")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn builtins_parse_and_name_themselves() {
+        for p in super::all() {
+            assert!(super::BUILTIN.iter().any(|(n, _)| *n == p.name), "{} misnamed", p.name);
+            assert!(!p.source.is_empty());
+        }
+    }
+}

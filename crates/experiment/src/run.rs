@@ -1,0 +1,150 @@
+//! Runs a spec: builds the machine, the protocol and the workload for each
+//! seed, runs the simulation and merges the results.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Instant;
+
+use mmulab_engine::Histogram;
+use mmulab_kernel::{Sim, SimConfig};
+use mmulab_machine::oracle::OracleReport;
+use mmulab_protocols::ProtocolOptions;
+use mmulab_workloads::WorkloadReport;
+
+use crate::results::{HostInfo, LivenessReport, Results};
+use crate::spec::Spec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Spec(#[from] crate::spec::SpecError),
+}
+
+/// One seed's raw outcome.
+pub struct SeedOutcome {
+    pub seed: u64,
+    pub sim: mmulab_kernel::SimResult,
+    pub workload: WorkloadReport,
+}
+
+fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
+    SimConfig {
+        cpus: spec.machine.cpus,
+        tlb: spec.machine.tlb.clone(),
+        pt_format: spec.machine.page_table,
+        costs: spec.costs.clone(),
+        quantum_cycles: spec.engine.quantum_cycles,
+        memory_frames: spec.machine.memory_mb * 256,
+        seed,
+        spin_bound: spec.engine.spin_bound,
+        max_cycles: spec.engine.max_cycles,
+        disabled_windows: spec.kernel.disabled_windows.clone(),
+    }
+}
+
+/// Runs one seed of a (validated) spec.
+pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
+    let entry = mmulab_protocols::find(&spec.protocol).expect("validated protocol");
+    let o = &spec.protocol_options;
+    let opts = ProtocolOptions { lazy: o.lazy, flush_threshold: o.flush_threshold, action_queue: o.action_queue };
+    let protocol = (entry.make)(&opts);
+    let sim = Sim::new(sim_config(spec, seed), protocol as Rc<dyn mmulab_kernel::Protocol>);
+    let mut workload = spec.workload.build();
+    workload.start(&sim);
+    sim.boot();
+    let result = sim.run();
+    SeedOutcome { seed, sim: result, workload: workload.report() }
+}
+
+/// Runs every seed of a spec and merges them into one result.
+pub fn run_spec(spec: &Spec, mut progress: impl FnMut(u64, u64)) -> Result<Results, RunError> {
+    let start = Instant::now();
+    let mut outcomes = Vec::new();
+    for r in 0..spec.runs {
+        outcomes.push(run_seed(spec, spec.seed + r));
+        progress(r + 1, spec.runs);
+    }
+    let wall = start.elapsed().as_secs_f64();
+    Ok(merge(spec, outcomes, wall))
+}
+
+pub fn machine_description() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    format!("{model}, {cpus} cores, {}", std::env::consts::OS)
+}
+
+pub fn merge(spec: &Spec, outcomes: Vec<SeedOutcome>, wall_s: f64) -> Results {
+    let clock = mmulab_engine::Clock::new(spec.costs.clock_hz);
+    let mut counters = mmulab_engine::Counters::default();
+    let mut hists: BTreeMap<String, Histogram> = BTreeMap::new();
+    let mut oracle: Option<OracleReport> = None;
+    let mut workload: Option<WorkloadReport> = None;
+    let mut liveness = Vec::new();
+    let mut cycles = 0;
+    let mut refs = 0;
+    for o in &outcomes {
+        counters.merge(&o.sim.counters);
+        if o.sim.timed_out {
+            counters.add("runs.timed_out", 1);
+        }
+        for (k, h) in &o.sim.hists {
+            hists.entry(k.clone()).or_default().extend(h);
+        }
+        match &mut oracle {
+            None => oracle = Some(o.sim.oracle.clone()),
+            Some(r) => r.merge(&o.sim.oracle),
+        }
+        match &mut workload {
+            None => workload = Some(o.workload.clone()),
+            Some(w) => {
+                if o.workload.verdict != "consistent" {
+                    w.verdict = o.workload.verdict.clone();
+                }
+                for (k, v) in &o.workload.figures {
+                    *w.figures.entry(k.clone()).or_default() += v;
+                }
+                w.notes.extend(o.workload.notes.iter().cloned());
+            }
+        }
+        if let Some(l) = &o.sim.liveness {
+            liveness.push(LivenessReport { seed: o.seed, failure: l.clone() });
+        }
+        cycles += o.sim.end.0;
+        refs += o.sim.refs;
+    }
+    let mut histograms = BTreeMap::new();
+    for (k, h) in &hists {
+        let s = h.summary();
+        histograms.insert(k.clone(), s);
+        if let Some(base) = k.strip_suffix("_cycles") {
+            let us = |v: f64| clock.us_f64(v);
+            let mut u = s;
+            (u.mean, u.sd, u.median, u.p10, u.p90, u.min, u.max) =
+                (us(s.mean), us(s.sd), us(s.median), us(s.p10), us(s.p90), us(s.min), us(s.max));
+            histograms.insert(format!("{base}_us"), u);
+        }
+    }
+    Results {
+        spec: spec.to_json(),
+        seed: spec.seed,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        runs: outcomes.len() as u64,
+        simulated_cycles: cycles,
+        counters,
+        histograms,
+        fits: BTreeMap::new(),
+        oracle: oracle.expect("at least one run"),
+        workload: workload.expect("at least one run"),
+        liveness,
+        host: HostInfo {
+            wall_s,
+            refs_per_second: if wall_s > 0.0 { refs as f64 / wall_s } else { 0.0 },
+            machine: machine_description(),
+            profile: if cfg!(debug_assertions) { "debug".into() } else { "release".into() },
+        },
+    }
+}

@@ -1,0 +1,291 @@
+//! Experiment specs. Layering, lowest first: built-in defaults, the
+//! preset's values, the spec file, then `--set key=value` overrides. Every
+//! table denies unknown keys; values are validated and an error names the
+//! key (exit status 2 in the CLI).
+
+use std::path::Path;
+
+use mmulab_kernel::Costs;
+use mmulab_kernel::sim::DisabledWindows;
+use mmulab_machine::{PtFormat, TlbConfig};
+use mmulab_workloads::WorkloadSpec;
+use serde::{Deserialize, Serialize};
+use toml::Value;
+
+use crate::preset;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("cannot read {path}: {err}")]
+    Io { path: String, err: std::io::Error },
+}
+
+fn invalid(s: impl Into<String>) -> SpecError {
+    SpecError::Invalid(s.into())
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// The protocol behind the pmap interface (`mmulab list`).
+    pub protocol: String,
+    /// The run seed; run r of `runs` uses `seed + r`.
+    #[serde(default = "Spec::default_seed")]
+    pub seed: u64,
+    /// Independent runs (seeds) whose results are merged.
+    #[serde(default = "Spec::default_runs")]
+    pub runs: u64,
+    /// Timing preset: a built-in name (`mmulab list`) or a path to a preset
+    /// file (`mmulab host preset` writes one).
+    #[serde(default = "Spec::default_preset")]
+    pub preset: String,
+    #[serde(default)]
+    pub machine: MachineSpec,
+    #[serde(default)]
+    pub engine: EngineSpec,
+    #[serde(default)]
+    pub kernel: KernelSpec,
+    #[serde(default)]
+    pub protocol_options: ProtocolOptionsSpec,
+    #[serde(default)]
+    pub costs: Costs,
+    pub workload: WorkloadSpec,
+}
+
+impl Spec {
+    fn default_seed() -> u64 {
+        1
+    }
+    fn default_runs() -> u64 {
+        1
+    }
+    fn default_preset() -> String {
+        "generic".into()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MachineSpec {
+    /// Processors, 1 to 1024.
+    pub cpus: usize,
+    /// Physical memory in MiB.
+    pub memory_mb: u64,
+    /// `i386`, `pae` or `x86-64`.
+    pub page_table: PtFormat,
+    pub tlb: TlbConfig,
+}
+
+impl Default for MachineSpec {
+    fn default() -> Self {
+        MachineSpec { cpus: 16, memory_mb: 512, page_table: PtFormat::X86_64, tlb: TlbConfig::default() }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSpec {
+    /// How far (cycles) a CPU in user mode may run ahead of the event
+    /// frontier; also the bound on extra interrupt latency.
+    pub quantum_cycles: u64,
+    /// Spin iterations before the watchdog reports a liveness failure.
+    pub spin_bound: u64,
+    /// Simulated time limit per run (cycles).
+    pub max_cycles: u64,
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        EngineSpec { quantum_cycles: 200, spin_bound: 2_000_000, max_cycles: 20_000_000_000 }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KernelSpec {
+    /// Interrupt-disabled kernel windows (black89 §8); absent = none.
+    pub disabled_windows: Option<DisabledWindows>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProtocolOptionsSpec {
+    /// No shootdown for pages not mapped in the pmap (black89 §4).
+    pub lazy: bool,
+    /// Pages above which a TLB is flushed whole instead of per entry.
+    pub flush_threshold: u64,
+    /// Per-CPU action-queue size (overflow → full flush).
+    pub action_queue: usize,
+}
+
+impl Default for ProtocolOptionsSpec {
+    fn default() -> Self {
+        let d = mmulab_protocols::ProtocolOptions::default();
+        ProtocolOptionsSpec { lazy: d.lazy, flush_threshold: d.flush_threshold, action_queue: d.action_queue }
+    }
+}
+
+/// Parses a `--set` value: a TOML literal when it is one, else a string.
+fn parse_value(raw: &str) -> Value {
+    let doc = format!("v = {raw}");
+    match doc.parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed"),
+        Err(_) => Value::String(raw.to_string()),
+    }
+}
+
+/// Sets a dotted key in a TOML table, creating tables on the way.
+pub fn set_path(root: &mut toml::Table, key: &str, value: Value) -> Result<(), SpecError> {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(invalid(format!("--set {key}: empty key component")));
+    }
+    let mut t = root;
+    for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
+        let entry = t.entry(p.to_string()).or_insert_with(|| Value::Table(toml::Table::new()));
+        t = entry
+            .as_table_mut()
+            .ok_or_else(|| invalid(format!("--set {key}: `{}` is not a table", parts[..=i].join("."))))?;
+    }
+    t.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Deep merge: `over` wins, tables merge recursively.
+pub fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+impl Spec {
+    pub fn load(path: &Path, sets: &[String]) -> Result<Spec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io { path: path.display().to_string(), err })?;
+        Spec::parse(&text, sets, &path.display().to_string())
+    }
+
+    /// Parses spec text with overrides applied. `origin` names the file in
+    /// error messages.
+    pub fn parse(text: &str, sets: &[String], origin: &str) -> Result<Spec, SpecError> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
+        for s in sets {
+            let (k, v) = s.split_once('=').ok_or_else(|| invalid(format!("--set {s}: expected KEY=VALUE")))?;
+            set_path(&mut table, k.trim(), parse_value(v.trim()))?;
+        }
+        let preset_name = match table.get("preset") {
+            None => Spec::default_preset(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => return Err(invalid(format!("preset: expected a string, got {}", other.type_str()))),
+        };
+        let mut effective = preset::load(&preset_name)?.spec;
+        merge(&mut effective, table);
+        let spec: Spec = Spec::deserialize(effective).map_err(|e| invalid(format!("{origin}: {}", e.to_string().trim())))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks values the types cannot; each error names its key.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if mmulab_protocols::find(&self.protocol).is_none() {
+            return Err(invalid(format!(
+                "protocol: unknown protocol `{}` (known: {})",
+                self.protocol,
+                mmulab_protocols::names().join(", ")
+            )));
+        }
+        let m = &self.machine;
+        if !(1..=1024).contains(&m.cpus) {
+            return Err(invalid(format!("machine.cpus: must be 1 to 1024, got {}", m.cpus)));
+        }
+        if m.memory_mb == 0 {
+            return Err(invalid("machine.memory_mb: must be at least 1"));
+        }
+        m.tlb.validate("machine.tlb").map_err(invalid)?;
+        if self.runs == 0 {
+            return Err(invalid("runs: must be at least 1"));
+        }
+        if self.engine.quantum_cycles == 0 {
+            return Err(invalid("engine.quantum_cycles: must be at least 1"));
+        }
+        if self.engine.spin_bound == 0 {
+            return Err(invalid("engine.spin_bound: must be at least 1"));
+        }
+        if !(self.costs.clock_hz > 0.0 && self.costs.clock_hz.is_finite()) {
+            return Err(invalid(format!("costs.clock_hz: must be a positive rate, got {}", self.costs.clock_hz)));
+        }
+        if self.protocol_options.action_queue == 0 {
+            return Err(invalid("protocol_options.action_queue: must be at least 1"));
+        }
+        if let Some(dw) = &self.kernel.disabled_windows {
+            if dw.mean_interval_cycles == 0 {
+                return Err(invalid("kernel.disabled_windows.mean_interval_cycles: must be at least 1"));
+            }
+        }
+        self.workload.validate(m.cpus).map_err(invalid)?;
+        Ok(())
+    }
+
+    /// The effective spec as JSON (written into every result).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a spec serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "protocol = \"global\"\n[workload]\nkind = \"tester\"\nchildren = 2\n";
+
+    fn err(text: &str, sets: &[&str]) -> String {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Spec::parse(text, &sets, "spec.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn base_spec_parses_with_defaults() {
+        let s = Spec::parse(BASE, &[], "t").unwrap();
+        assert_eq!(s.machine.cpus, 16);
+        assert_eq!(s.seed, 1);
+    }
+
+    #[test]
+    fn set_overrides_any_field() {
+        let s = Spec::parse(BASE, &["machine.cpus=4".into(), "seed=9".into(), "machine.tlb.policy=fifo".into()], "t")
+            .unwrap();
+        assert_eq!(s.machine.cpus, 4);
+        assert_eq!(s.seed, 9);
+        assert_eq!(s.machine.tlb.policy, mmulab_machine::Policy::Fifo);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        assert!(err(&format!("{BASE}[machine]\ncpuz = 3\n"), &[]).contains("cpuz"));
+        assert!(err(BASE, &["engine.bogus=1"]).contains("bogus"));
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let e = err(BASE, &["machine.cpus=\"many\""]);
+        assert!(e.contains("cpus"), "{e}");
+    }
+
+    #[test]
+    fn impossible_values_are_named() {
+        assert!(err(BASE, &["machine.cpus=0"]).starts_with("machine.cpus"));
+        assert!(err(BASE, &["machine.cpus=2000"]).starts_with("machine.cpus"));
+        let e = err(BASE, &["machine.tlb.entries=4", "machine.tlb.ways=8"]);
+        assert!(e.starts_with("machine.tlb.ways"), "{e}");
+        assert!(err(BASE, &["preset=\"no-such-preset\""]).starts_with("preset"));
+        assert!(err(BASE, &["protocol=\"bogus\""]).starts_with("protocol"));
+        assert!(err(BASE, &["workload.children=16"]).starts_with("workload.children"));
+        assert!(err(BASE, &["runs=0"]).starts_with("runs"));
+    }
+}

@@ -1,0 +1,31 @@
+//! The kernel layer of DESIGN.md.
+//!
+//! * [`sim`] — the simulated machine running: an event loop over the
+//!   engine's queue, one coroutine per CPU in kernel mode (a tiny
+//!   deterministic executor: a coroutine runs only when its CPU's `Resume`
+//!   event fires), and the user-mode hot path, which executes a thread's
+//!   references in a tight loop without touching the queue.
+//! * [`cpu`] — per-CPU state: TLB, interrupt priority level, pending
+//!   interrupts.
+//! * [`pmap`] — the pmap/HAT interface ([`pmap::Protocol`]) and the
+//!   page-table editing every protocol shares.
+//! * [`vm`] — the machine-independent VM layer: tasks, regions, objects,
+//!   faults, copy-on-write, fork, mmap/munmap/mprotect.
+//! * [`sched`] — threads, the run queue, context switches, the idle loop.
+//! * [`program`] — what a simulated thread runs.
+//! * [`costs`] — every cost the model charges, in cycles (a preset's input).
+
+pub mod costs;
+pub mod cpu;
+pub mod pmap;
+pub mod program;
+pub mod sched;
+pub mod sim;
+pub mod vm;
+
+pub use costs::Costs;
+pub use cpu::{Ipl, Irq};
+pub use pmap::{Change, PmapId, Protocol, Update};
+pub use program::{Op, Program, Prot, RefKind, Refs, Syscall, ThreadCtx};
+pub use sim::{KFuture, Sim, SimConfig, SimResult};
+pub use vm::{TaskId, ThreadId};

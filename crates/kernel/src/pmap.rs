@@ -1,0 +1,356 @@
+//! The pmap/HAT interface: the one narrow interface between the
+//! machine-independent VM layer and every coherence mechanism (Mach's pmap
+//! module, SVR4's HAT). The VM layer calls a [`Protocol`]; protocols use
+//! the page-table editing and TLB helpers on [`Sim`] that they share, and
+//! decide *when* TLBs are made consistent.
+//!
+//! Adding a protocol: implement [`Protocol`] (only `name` and `update` are
+//! required), and register it in the experiment crate's protocol table.
+//! The VM layer never changes.
+
+use mmulab_engine::Cycles;
+use mmulab_machine::pagetable::{leaf_slot, walk};
+use mmulab_machine::{Asid, CpuId, Pfn, Pte, Rights, Vpn};
+
+use crate::cpu::Ipl;
+use crate::sim::{KFuture, Sim, World};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PmapId(pub u32);
+
+/// The kernel pmap: in use on every online CPU.
+pub const KERNEL_PMAP: PmapId = PmapId(0);
+
+/// A set of CPUs (up to 1024), as a bit vector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuSet(Vec<u64>);
+
+impl CpuSet {
+    pub fn new(cpus: usize) -> CpuSet {
+        CpuSet(vec![0; cpus.div_ceil(64)])
+    }
+    pub fn insert(&mut self, c: CpuId) {
+        self.0[c.index() / 64] |= 1 << (c.index() % 64);
+    }
+    pub fn remove(&mut self, c: CpuId) {
+        self.0[c.index() / 64] &= !(1 << (c.index() % 64));
+    }
+    pub fn contains(&self, c: CpuId) -> bool {
+        self.0[c.index() / 64] & (1 << (c.index() % 64)) != 0
+    }
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = CpuId> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| CpuId((i * 64 + b) as u16))
+        })
+    }
+}
+
+/// A physical map: one address space's page tables.
+pub struct Pmap {
+    pub id: PmapId,
+    pub root: Pfn,
+    pub kernel: bool,
+    pub asid: Asid,
+    /// CPUs using this pmap (black89's `pmap->in_use`).
+    pub in_use: CpuSet,
+    /// The pmap's spin lock holder.
+    pub lock: Option<CpuId>,
+    /// Page-table frames (root included), freed when the pmap dies.
+    pub tables: Vec<Pfn>,
+    pub alive: bool,
+}
+
+/// What an update does to each mapped page of its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Invalidate the mappings (pmap_remove / hat_unload).
+    Remove,
+    /// Take away write access (pmap_protect to read-only).
+    ReadOnly,
+    /// Clear the modify bit (pageout; a reduction, see the oracle).
+    ClearModify,
+}
+
+/// A rights reduction on a virtual range of one pmap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Update {
+    pub pmap: PmapId,
+    pub start: Vpn,
+    pub pages: u64,
+    pub change: Change,
+}
+
+/// What editing the page tables did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PtEdit {
+    /// PTEs whose value changed.
+    pub changed: u64,
+}
+
+/// A translation-coherence mechanism behind the pmap/HAT interface.
+///
+/// Every method runs on `cpu` in kernel mode as part of the VM operation
+/// that CPU is carrying out; the VM layer declares the operation complete
+/// when the returned future finishes, unless the protocol deferred it
+/// ([`Sim::defer_completion`]) or completed it earlier itself.
+pub trait Protocol {
+    fn name(&self) -> &'static str;
+
+    /// Called once before the run: set up per-CPU state.
+    fn init(&self, _sim: &Sim) {}
+
+    /// The level of this protocol's consistency interrupt.
+    fn interrupt_level(&self) -> Ipl {
+        Ipl::ALL
+    }
+
+    /// Reduce rights on a range (pmap_remove, pmap_protect, clearing M):
+    /// edit the PTEs and make every TLB consistent.
+    fn update<'a>(&'a self, sim: &'a Sim, cpu: CpuId, u: Update) -> KFuture<'a>;
+
+    /// Enter a mapping (pmap_enter). Increases rights only, so by default
+    /// no other TLB is touched (black89 §3, technique 3).
+    fn enter<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId, vpn: Vpn, pfn: Pfn, writable: bool) -> KFuture<'a> {
+        Box::pin(async move {
+            let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
+            sim.delay(cpu, c).await;
+        })
+    }
+
+    /// Start using `pmap` on `cpu` (context switch in).
+    fn activate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
+        Box::pin(async move {
+            let c = sim.load_pmap(cpu, pmap);
+            sim.delay(cpu, c).await;
+        })
+    }
+
+    /// Stop using `pmap` on `cpu` (context switch out).
+    fn deactivate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
+        Box::pin(async move {
+            sim.unload_pmap(cpu, pmap);
+        })
+    }
+
+    /// The protocol's consistency interrupt handler.
+    fn interrupt<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+
+    /// The CPU enters the idle loop.
+    fn idle_enter<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+
+    /// The CPU leaves the idle loop to run a thread.
+    fn idle_exit<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+
+    /// A CPU comes online (SVR4.2 hat_online) or goes offline.
+    fn online<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+    fn offline<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+}
+
+pub fn rights_of(pte: Pte) -> Rights {
+    if pte.present() {
+        Rights { present: true, writable: pte.writable(), modified: pte.modified(), pfn: pte.pfn() }
+    } else {
+        Rights::NONE
+    }
+}
+
+impl World {
+    /// Visits the present last-level PTEs of a range, skipping whole
+    /// missing tables (black89 §7.2: a missing second-level table means a
+    /// whole page of entries is missing). Returns (pages visited, table
+    /// lookups) for costing.
+    pub fn for_each_present(
+        &mut self,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+        mut f: impl FnMut(&mut World, Vpn, Pfn, usize, Pte),
+    ) {
+        let fmt = self.cfg.pt_format;
+        let root = self.pmaps[pmap.0 as usize].root;
+        let span = fmt.pages_per_entry(fmt.levels() - 2);
+        let end = start.0 + pages;
+        let mut v = start.0;
+        let mut none = Vec::new();
+        while v < end {
+            match leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none).expect("no allocation") {
+                None => v = (v / span + 1) * span,
+                Some((table, index)) => {
+                    let table_end = ((v / span + 1) * span).min(end);
+                    for (i, vv) in (v..table_end).enumerate() {
+                        let pte = Pte(self.mem.table(table)[index + i]);
+                        if pte.present() {
+                            f(self, Vpn(vv), table, index + i, pte);
+                        }
+                    }
+                    v = table_end;
+                }
+            }
+        }
+    }
+
+    /// True when any page of the range is mapped (lazy evaluation check).
+    pub fn any_mapped(&mut self, pmap: PmapId, start: Vpn, pages: u64) -> bool {
+        let mut found = false;
+        self.for_each_present(pmap, start, pages, |_, _, _, _, _| found = true);
+        found
+    }
+
+    /// Applies an update to the page tables, recording each change with the
+    /// oracle under the operation `cpu` is carrying out.
+    pub fn pt_apply(&mut self, cpu: CpuId, u: &Update) -> PtEdit {
+        let op = self.cpus[cpu.index()].op;
+        let space = u.pmap.0;
+        let mut changed = 0;
+        self.for_each_present(u.pmap, u.start, u.pages, |w, vpn, table, index, pte| {
+            let new = match u.change {
+                Change::Remove => Pte(0),
+                Change::ReadOnly => pte.without(Pte::WRITABLE),
+                Change::ClearModify => pte.without(Pte::MODIFIED),
+            };
+            if new != pte {
+                w.mem.table_mut(table)[index] = new.0;
+                let slot = w.oracle.slot(space, vpn);
+                w.oracle.record_pte(slot, rights_of(new), op);
+                if !new.present() {
+                    w.pv_remove(pte.pfn(), u.pmap, vpn);
+                }
+                changed += 1;
+            }
+        });
+        PtEdit { changed }
+    }
+
+    fn pv_remove(&mut self, pfn: Pfn, pmap: PmapId, vpn: Vpn) {
+        if let Some(list) = self.pv.get_mut(&pfn.0) {
+            if let Some(i) = list.iter().position(|&(p, v)| p == pmap && v == vpn) {
+                list.swap_remove(i);
+            }
+            if list.is_empty() {
+                self.pv.remove(&pfn.0);
+            }
+        }
+    }
+
+    /// The mappings of a physical page (its pv list), in a stable order.
+    pub fn mappings_of(&self, pfn: Pfn) -> Vec<(PmapId, Vpn)> {
+        let mut v = self.pv.get(&pfn.0).cloned().unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// The current PTE of a page, if its tables exist.
+    pub fn pte(&self, pmap: PmapId, vpn: Vpn) -> Pte {
+        let fmt = self.cfg.pt_format;
+        walk(&self.mem, fmt, self.pmaps[pmap.0 as usize].root, vpn).pte
+    }
+}
+
+impl Sim {
+    /// Enters a mapping in the page tables (no TLB action). Returns the cost.
+    pub fn pt_enter(&self, cpu: CpuId, pmap: PmapId, vpn: Vpn, pfn: Pfn, writable: bool) -> Cycles {
+        let mut w = self.w();
+        let fmt = w.cfg.pt_format;
+        let costs = w.cfg.costs.clone();
+        let op = w.cpus[cpu.index()].op;
+        let p = &w.pmaps[pmap.0 as usize];
+        let (root, kernel) = (p.root, p.kernel);
+        let mut new_tables = Vec::new();
+        let (table, index) = leaf_slot(&mut w.mem, fmt, root, vpn, true, &mut new_tables)
+            .unwrap_or_else(|e| panic!("out of physical memory ({} frames): raise machine.memory_mb", e.frames))
+            .expect("created");
+        let n_new = new_tables.len() as u64;
+        w.pmaps[pmap.0 as usize].tables.extend(new_tables);
+        let old = Pte(w.mem.table(table)[index]);
+        assert!(
+            !old.present() || old.pfn() == pfn,
+            "pmap_enter over a live mapping of another frame ({vpn} in pmap {}): the VM layer must remove it first",
+            pmap.0
+        );
+        let mut new = Pte::new(pfn, writable, !kernel);
+        if kernel {
+            new = new.with(Pte::GLOBAL);
+        }
+        if old.present() {
+            new = new.with(old.0 & (Pte::REFERENCED | Pte::MODIFIED));
+        }
+        w.mem.table_mut(table)[index] = new.0;
+        let slot = w.oracle.slot(pmap.0, vpn);
+        w.oracle.record_pte(slot, rights_of(new), op);
+        if !old.present() {
+            w.pv.entry(pfn.0).or_default().push((pmap, vpn));
+        }
+        Cycles(costs.pte_write_cycles * (1 + n_new) + costs.mem_cycles * n_new)
+    }
+
+    /// Loads `pmap` on `cpu` (CR3 load): marks it in use and, without
+    /// ASIDs, flushes the non-global TLB entries. Returns the cost.
+    pub fn load_pmap(&self, cpu: CpuId, pmap: PmapId) -> Cycles {
+        let mut w = self.w();
+        let flush = w.cfg.costs.tlb_flush_all_cycles;
+        w.pmaps[pmap.0 as usize].in_use.insert(cpu);
+        let c = &mut w.cpus[cpu.index()];
+        c.pmap = Some(pmap);
+        if c.tlb.config().asid {
+            Cycles(0)
+        } else {
+            c.tlb.flush_non_global();
+            Cycles(flush)
+        }
+    }
+
+    pub fn unload_pmap(&self, cpu: CpuId, pmap: PmapId) {
+        let mut w = self.w();
+        w.pmaps[pmap.0 as usize].in_use.remove(cpu);
+        let c = &mut w.cpus[cpu.index()];
+        if c.pmap == Some(pmap) {
+            c.pmap = None;
+        }
+    }
+
+    /// Invalidates a range from `cpu`'s own TLB: per entry up to
+    /// `threshold` pages, a full flush beyond (black89 §4, detail 1).
+    /// Returns the cost.
+    pub fn tlb_invalidate_range(&self, cpu: CpuId, pmap: PmapId, start: Vpn, pages: u64, threshold: u64) -> Cycles {
+        let mut w = self.w();
+        let costs = w.cfg.costs.clone();
+        let asid = w.pmaps[pmap.0 as usize].asid;
+        let tlb = &mut w.cpus[cpu.index()].tlb;
+        if pages > threshold {
+            tlb.flush_all();
+            w.counters.add("tlb.full_flushes", 1);
+            Cycles(costs.tlb_flush_all_cycles)
+        } else {
+            for v in start.0..start.0 + pages {
+                tlb.invalidate_page(Vpn(v), Some(asid));
+            }
+            w.counters.add("tlb.entry_invalidations", pages);
+            Cycles(costs.tlb_flush_entry_cycles * pages)
+        }
+    }
+
+    /// Flushes `cpu`'s whole TLB. Returns the cost.
+    pub fn tlb_flush(&self, cpu: CpuId) -> Cycles {
+        let mut w = self.w();
+        let c = w.cfg.costs.tlb_flush_all_cycles;
+        w.cpus[cpu.index()].tlb.flush_all();
+        w.counters.add("tlb.full_flushes", 1);
+        Cycles(c)
+    }
+}

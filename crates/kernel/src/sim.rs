@@ -1,0 +1,844 @@
+//! The running simulation: the world state, the event loop, the executor
+//! for kernel coroutines and the user-mode hot path.
+//!
+//! Execution model. Each CPU is in user mode (its thread's references run
+//! on the hot path in slices of at most `quantum_cycles`, without touching
+//! the event queue per reference), or in kernel mode (one coroutine per
+//! CPU, resumed only by that CPU's `Resume` event). Kernel code advances
+//! time with `delay`; at the end of every delay it takes the interrupts its
+//! priority level lets through, so an interrupt is only ever taken at an
+//! enabled point. A CPU in user mode may run ahead of the global event
+//! frontier by at most one quantum; an interrupt aimed at it is taken at
+//! the end of its slice, so `quantum_cycles` bounds the extra interrupt
+//! latency (presets that time shootdowns set it small).
+//!
+//! Determinism: events are ordered by (time, sequence); every random draw
+//! comes from a named stream of the run seed; no hash map is iterated.
+
+use std::cell::{RefCell, RefMut};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use mmulab_engine::{Counters, Cycles, EventQueue, Histogram, SimRng};
+use mmulab_machine::oracle::{OracleReport, UseCtx};
+use mmulab_machine::pagetable::walk;
+use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, Pte, PtFormat, Tlb, TlbConfig, TlbEntry, Vpn};
+use serde::{Deserialize, Serialize};
+
+use crate::costs::Costs;
+use crate::cpu::{Cpu, Ipl, Irq, Mode};
+use crate::pmap::{CpuSet, KERNEL_PMAP, Pmap, PmapId, Protocol, rights_of};
+use crate::program::{Op, RefKind};
+use crate::vm::{Task, Thread, ThreadId, VmObject};
+
+/// A kernel coroutine.
+pub type KFuture<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// Virtual addresses at or above this are kernel addresses, translated
+/// through the kernel pmap (global entries).
+pub const KERNEL_BASE: u64 = 0xc000_0000;
+pub const PAGE_SHIFT: u32 = 12;
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+
+/// Interrupt-disabled kernel windows (black89 §8): every CPU running user
+/// code enters the kernel at exponential intervals and keeps interrupts
+/// masked for a duration drawn from an exponential distribution.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisabledWindows {
+    pub mean_interval_cycles: u64,
+    pub mean_length_cycles: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub cpus: usize,
+    pub tlb: TlbConfig,
+    pub pt_format: PtFormat,
+    pub costs: Costs,
+    /// Bound on how far a user-mode CPU runs ahead of the event frontier.
+    pub quantum_cycles: u64,
+    pub memory_frames: u64,
+    pub seed: u64,
+    /// Spin loops longer than this many iterations are liveness failures.
+    pub spin_bound: u64,
+    /// The run stops at this simulated time.
+    pub max_cycles: u64,
+    pub disabled_windows: Option<DisabledWindows>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Event {
+    Resume { cpu: CpuId, generation: u64 },
+    UserSlice { cpu: CpuId, generation: u64 },
+    Irq { cpu: CpuId, irq: Irq },
+    WakeThread(ThreadId),
+    DisabledWindow(CpuId),
+}
+
+/// A liveness failure found by the watchdog.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Liveness {
+    pub cpu: CpuId,
+    pub waiting_for: String,
+    pub since: Cycles,
+    pub at: Cycles,
+}
+
+/// Everything the simulation mutates.
+pub struct World {
+    pub cfg: SimConfig,
+    pub(crate) queue: EventQueue<Event>,
+    pub mem: PhysMem,
+    pub oracle: Oracle,
+    pub cpus: Vec<Cpu>,
+    pub pmaps: Vec<Pmap>,
+    pub tasks: Vec<Task>,
+    pub threads: Vec<Thread>,
+    pub objects: Vec<VmObject>,
+    pub run_queue: VecDeque<ThreadId>,
+    pub counters: Counters,
+    pub hists: BTreeMap<String, Histogram>,
+    pub rng: SimRng,
+    /// Physical page → its mappings (pv lists). Looked up, never iterated.
+    pub pv: HashMap<u64, Vec<(PmapId, Vpn)>, std::hash::BuildHasherDefault<mmulab_machine::oracle::FixedHasher>>,
+    pub refs: u64,
+    pub stop: bool,
+    pub liveness: Option<Liveness>,
+    pub live_threads: u64,
+    pub timed_out: bool,
+    /// Named spin locks other than pmap locks (protocols allocate them).
+    pub locks: Vec<Option<CpuId>>,
+    /// Wild accesses: a stale translation to a frame that is no longer
+    /// data (freed or reused as a page table).
+    pub wild_accesses: u64,
+    /// Next kernel virtual page for kmem allocations.
+    pub kmem_next: u64,
+}
+
+impl World {
+    pub fn now(&self) -> Cycles {
+        self.queue.now()
+    }
+    pub fn record(&mut self, hist: &str, v: f64) {
+        self.hists.entry(hist.to_string()).or_default().record(v);
+    }
+    pub fn is_online(&self, c: CpuId) -> bool {
+        self.cpus[c.index()].online
+    }
+}
+
+struct Inner {
+    world: RefCell<World>,
+    protocol: Rc<dyn Protocol>,
+    roots: RefCell<Vec<Option<KFuture<'static>>>>,
+}
+
+/// A handle on the simulation, cloned into every kernel coroutine.
+#[derive(Clone)]
+pub struct Sim(Rc<Inner>);
+
+/// What a finished run hands to the results layer.
+pub struct SimResult {
+    pub counters: Counters,
+    pub hists: BTreeMap<String, Histogram>,
+    pub oracle: OracleReport,
+    pub liveness: Option<Liveness>,
+    pub end: Cycles,
+    pub refs: u64,
+    pub events: u64,
+    pub timed_out: bool,
+}
+
+/// A future that is pending once: it arms its CPU's resume event and is
+/// ready when that event fires.
+struct Wake {
+    armed: bool,
+}
+impl Future for Wake {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        if self.armed {
+            Poll::Ready(())
+        } else {
+            self.armed = true;
+            Poll::Pending
+        }
+    }
+}
+
+impl Sim {
+    pub fn new(cfg: SimConfig, protocol: Rc<dyn Protocol>) -> Sim {
+        assert!((1..=1024).contains(&cfg.cpus), "cpus out of range");
+        let mut mem = PhysMem::new(PAGE_SIZE, cfg.memory_frames);
+        let cpus = (0..cfg.cpus)
+            .map(|i| {
+                let tlb = Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "tlb", i as u64));
+                Cpu::new(CpuId(i as u16), tlb, SimRng::derive(cfg.seed, "cpu", i as u64))
+            })
+            .collect();
+        let root = mem.alloc_table(cfg.pt_format.entries(0)).expect("memory for the kernel pmap");
+        let mut in_use = CpuSet::new(cfg.cpus);
+        for i in 0..cfg.cpus {
+            in_use.insert(CpuId(i as u16));
+        }
+        let kernel =
+            Pmap { id: KERNEL_PMAP, root, kernel: true, asid: mmulab_machine::Asid(0), in_use, lock: None, tables: vec![root], alive: true };
+        let rng = SimRng::new(cfg.seed, "kernel");
+        let world = World {
+            queue: EventQueue::new(),
+            mem,
+            oracle: Oracle::new(),
+            cpus,
+            pmaps: vec![kernel],
+            tasks: Vec::new(),
+            threads: Vec::new(),
+            objects: Vec::new(),
+            run_queue: VecDeque::new(),
+            counters: Counters::default(),
+            hists: BTreeMap::new(),
+            rng,
+            pv: Default::default(),
+            refs: 0,
+            stop: false,
+            liveness: None,
+            live_threads: 0,
+            timed_out: false,
+            locks: Vec::new(),
+            wild_accesses: 0,
+            kmem_next: (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
+            cfg,
+        };
+        let n = world.cpus.len();
+        let sim = Sim(Rc::new(Inner { world: RefCell::new(world), protocol, roots: RefCell::new((0..n).map(|_| None).collect()) }));
+        let level = sim.protocol().interrupt_level();
+        for c in &mut sim.w().cpus {
+            c.shootdown_level = level;
+        }
+        sim.protocol().init(&sim);
+        sim
+    }
+
+    /// Mutable access to the world. Never hold it across an `.await`.
+    pub fn w(&self) -> RefMut<'_, World> {
+        self.0.world.borrow_mut()
+    }
+
+    pub fn protocol(&self) -> Rc<dyn Protocol> {
+        self.0.protocol.clone()
+    }
+
+    pub fn now(&self) -> Cycles {
+        self.w().queue.now()
+    }
+
+    pub fn costs(&self) -> Costs {
+        self.w().cfg.costs.clone()
+    }
+
+    pub fn count(&self, name: &str, n: u64) {
+        self.w().counters.add(name, n);
+    }
+
+    pub fn record(&self, hist: &str, v: f64) {
+        self.w().record(hist, v);
+    }
+
+    // ----- the executor -------------------------------------------------
+
+    /// Starts a kernel coroutine on `cpu` at time `at`.
+    pub(crate) fn spawn(&self, cpu: CpuId, at: Cycles, fut: KFuture<'static>) {
+        let mut roots = self.0.roots.borrow_mut();
+        assert!(roots[cpu.index()].is_none(), "{cpu} already runs a kernel coroutine");
+        roots[cpu.index()] = Some(fut);
+        drop(roots);
+        let mut w = self.w();
+        let c = &mut w.cpus[cpu.index()];
+        c.mode = Mode::Kernel;
+        c.resume_gen += 1;
+        let generation = c.resume_gen;
+        w.queue.push(at, Event::Resume { cpu, generation });
+    }
+
+    fn poll_cpu(&self, cpu: CpuId) {
+        let fut = self.0.roots.borrow_mut()[cpu.index()].take();
+        let Some(mut fut) = fut else { return };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if fut.as_mut().poll(&mut cx).is_pending() {
+            self.0.roots.borrow_mut()[cpu.index()] = Some(fut);
+        }
+    }
+
+    /// Suspends the calling coroutine until `at` (no interrupt check).
+    async fn sleep_until(&self, cpu: CpuId, at: Cycles) {
+        {
+            let mut w = self.w();
+            let c = &mut w.cpus[cpu.index()];
+            c.resume_gen += 1;
+            let generation = c.resume_gen;
+            w.queue.push(at, Event::Resume { cpu, generation });
+        }
+        Wake { armed: false }.await;
+    }
+
+    /// Kernel code on `cpu` runs for `c` cycles, then takes any interrupt
+    /// its level lets through.
+    pub async fn delay(&self, cpu: CpuId, c: Cycles) {
+        let at = self.now() + c;
+        self.sleep_until(cpu, at).await;
+        if self.w().cpus[cpu.index()].takeable().is_some() {
+            self.take_interrupts(cpu).await;
+        }
+    }
+
+    /// Sets the interrupt priority level, returning the old one. Lowering
+    /// it takes what is pending at the next delay.
+    pub fn set_ipl(&self, cpu: CpuId, ipl: Ipl) -> Ipl {
+        let mut w = self.w();
+        std::mem::replace(&mut w.cpus[cpu.index()].ipl, ipl)
+    }
+
+    /// Restores a level and takes any interrupt it now lets through.
+    pub async fn restore_ipl(&self, cpu: CpuId, ipl: Ipl) {
+        let spl = self.costs().spl_cycles;
+        self.set_ipl(cpu, ipl);
+        self.delay(cpu, Cycles(spl)).await;
+    }
+
+    /// Takes pending interrupts the level allows, highest priority first.
+    pub fn take_interrupts(&self, cpu: CpuId) -> KFuture<'_> {
+        Box::pin(async move {
+            loop {
+                let (irq, level, saved) = {
+                    let mut w = self.w();
+                    let c = &mut w.cpus[cpu.index()];
+                    let Some(irq) = c.takeable() else { break };
+                    c.pending &= !irq.bit();
+                    let level = c.level_of(irq);
+                    let saved = std::mem::replace(&mut c.ipl, level);
+                    (irq, level, saved)
+                };
+                let _ = level;
+                let costs = self.costs();
+                self.sleep_for(cpu, Cycles(costs.ipi_dispatch_cycles)).await;
+                if irq == Irq::Shootdown {
+                    self.count("interrupts.shootdown", 1);
+                    let p = self.protocol();
+                    p.interrupt(self, cpu).await;
+                }
+                self.sleep_for(cpu, Cycles(costs.ipi_return_cycles)).await;
+                self.set_ipl(cpu, saved);
+            }
+        })
+    }
+
+    async fn sleep_for(&self, cpu: CpuId, c: Cycles) {
+        let at = self.now() + c;
+        self.sleep_until(cpu, at).await;
+    }
+
+    /// Spins (one shared read per iteration) until `cond` holds. A spin past
+    /// the configured bound is a liveness failure: the run stops and the
+    /// watchdog reports who waited for what.
+    pub async fn spin_until(&self, cpu: CpuId, what: &str, cond: impl Fn(&World) -> bool) {
+        let (step, bound) = {
+            let w = self.w();
+            (Cycles(w.cfg.costs.spin_iteration_cycles.max(1)), w.cfg.spin_bound)
+        };
+        let since = self.now();
+        let mut n = 0u64;
+        loop {
+            if cond(&self.w()) {
+                break;
+            }
+            n += 1;
+            if n > bound {
+                let mut w = self.w();
+                let at = w.now();
+                w.liveness.get_or_insert(Liveness { cpu, waiting_for: what.to_string(), since, at });
+                w.stop = true;
+                drop(w);
+                std::future::pending::<()>().await;
+            }
+            self.delay(cpu, step).await;
+        }
+        if n > 0 {
+            self.count("spin.iterations", n);
+        }
+    }
+
+    /// Acquires a pmap's spin lock.
+    pub async fn lock_pmap(&self, cpu: CpuId, pmap: PmapId) {
+        let costs = self.costs();
+        loop {
+            {
+                let mut w = self.w();
+                let p = &mut w.pmaps[pmap.0 as usize];
+                assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
+                if p.lock.is_none() {
+                    p.lock = Some(cpu);
+                    break;
+                }
+            }
+            self.spin_until(cpu, &format!("pmap {} lock", pmap.0), |w| w.pmaps[pmap.0 as usize].lock.is_none()).await;
+        }
+        self.delay(cpu, Cycles(costs.lock_cycles)).await;
+    }
+
+    pub async fn unlock_pmap(&self, cpu: CpuId, pmap: PmapId) {
+        let c = self.costs().unlock_cycles;
+        {
+            let mut w = self.w();
+            let p = &mut w.pmaps[pmap.0 as usize];
+            assert_eq!(p.lock, Some(cpu), "{cpu} unlocks pmap {} it does not hold", pmap.0);
+            p.lock = None;
+        }
+        self.delay(cpu, Cycles(c)).await;
+    }
+
+    /// Allocates a named spin lock for a protocol.
+    pub fn new_lock(&self) -> usize {
+        let mut w = self.w();
+        w.locks.push(None);
+        w.locks.len() - 1
+    }
+
+    pub async fn lock(&self, cpu: CpuId, lock: usize) {
+        loop {
+            {
+                let mut w = self.w();
+                if w.locks[lock].is_none() {
+                    w.locks[lock] = Some(cpu);
+                    break;
+                }
+            }
+            self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none()).await;
+        }
+        let c = self.costs().lock_cycles;
+        self.delay(cpu, Cycles(c)).await;
+    }
+
+    pub async fn unlock(&self, cpu: CpuId, lock: usize) {
+        {
+            let mut w = self.w();
+            assert_eq!(w.locks[lock], Some(cpu), "{cpu} unlocks lock {lock} it does not hold");
+            w.locks[lock] = None;
+        }
+        let c = self.costs().unlock_cycles;
+        self.delay(cpu, Cycles(c)).await;
+    }
+
+    /// Posts an interprocessor interrupt: the sender pays the send cost, the
+    /// interrupt arrives after the delivery latency.
+    pub async fn send_ipi(&self, cpu: CpuId, target: CpuId, irq: Irq) {
+        let costs = self.costs();
+        self.delay(cpu, Cycles(costs.ipi_send_cycles)).await;
+        let mut w = self.w();
+        let at = w.now() + Cycles(costs.ipi_latency_cycles) + Self::bus_penalty(&w, &costs);
+        w.queue.push(at, Event::Irq { cpu: target, irq });
+        w.counters.add("ipi.sent", 1);
+    }
+
+    /// Shared-bus contention: extra latency per concurrently active bus user
+    /// (CPUs in kernel mode handling interrupts) beyond what the bus absorbs.
+    fn bus_penalty(w: &World, costs: &Costs) -> Cycles {
+        if costs.bus_contention_cycles == 0 {
+            return Cycles(0);
+        }
+        let users = w.cpus.iter().filter(|c| c.mode == Mode::Kernel && c.thread.is_some()).count() as u64
+            + w.queue.len().min(w.cpus.len()) as u64 / 2;
+        Cycles(users.saturating_sub(costs.bus_free_users) * costs.bus_contention_cycles)
+    }
+
+    /// Posts an interrupt without a sender (device, or the scheduler).
+    pub(crate) fn post_irq(&self, target: CpuId, irq: Irq, after: Cycles) {
+        let mut w = self.w();
+        let at = w.now() + after;
+        w.queue.push(at, Event::Irq { cpu: target, irq });
+    }
+
+    /// The idle loop's wait: cut short by any interrupt.
+    pub(crate) async fn idle_wait(&self, cpu: CpuId, c: Cycles) {
+        self.w().cpus[cpu.index()].idle_waiting = true;
+        let at = self.now() + c;
+        self.sleep_until(cpu, at).await;
+        self.w().cpus[cpu.index()].idle_waiting = false;
+        if self.w().cpus[cpu.index()].takeable().is_some() {
+            self.take_interrupts(cpu).await;
+        }
+    }
+
+    // ----- operations (for the oracle) ----------------------------------
+
+    /// Starts a VM operation on `cpu`; PTE changes are attributed to it.
+    pub fn begin_op(&self, cpu: CpuId, what: &str) -> OpId {
+        let mut w = self.w();
+        let now = w.now();
+        assert!(w.cpus[cpu.index()].op.is_none(), "{cpu} starts {what} inside another operation");
+        let op = w.oracle.begin_op(what, cpu, now);
+        w.cpus[cpu.index()].op = Some(op);
+        op
+    }
+
+    /// Ends the operation: complete now, unless a lazy scheme deferred it.
+    pub fn end_op(&self, cpu: CpuId) {
+        let mut w = self.w();
+        let now = w.now();
+        let op = w.cpus[cpu.index()].op.take().expect("end_op without begin_op");
+        if !w.oracle.op(op).lazy {
+            w.oracle.complete(op, now);
+        }
+    }
+
+    /// A lazy scheme takes over the completion of `cpu`'s current
+    /// operation; it calls [`Sim::complete_op`] when it is done.
+    pub fn defer_completion(&self, cpu: CpuId) -> OpId {
+        let mut w = self.w();
+        let op = w.cpus[cpu.index()].op.expect("no operation to defer");
+        w.oracle.set_lazy(op);
+        op
+    }
+
+    pub fn complete_op(&self, op: OpId) {
+        let mut w = self.w();
+        let now = w.now();
+        w.oracle.complete(op, now);
+    }
+
+    // ----- the event loop ------------------------------------------------
+
+    /// Runs until every thread has exited, a program ends the run, the
+    /// watchdog fires or the time limit passes.
+    pub fn run(&self) -> SimResult {
+        let max = Cycles(self.w().cfg.max_cycles);
+        self.start_windows();
+        loop {
+            let ev = {
+                let mut w = self.w();
+                if w.stop {
+                    break;
+                }
+                match w.queue.peek_time() {
+                    None => break,
+                    Some(t) if t > max => {
+                        w.timed_out = true;
+                        break;
+                    }
+                    _ => {}
+                }
+                w.queue.pop().expect("peeked")
+            };
+            match ev.1 {
+                Event::Resume { cpu, generation } => {
+                    if self.w().cpus[cpu.index()].resume_gen == generation {
+                        self.poll_cpu(cpu);
+                    }
+                }
+                Event::UserSlice { cpu, generation } => {
+                    if self.w().cpus[cpu.index()].slice_gen == generation {
+                        self.user_slice(cpu, ev.0);
+                    }
+                }
+                Event::Irq { cpu, irq } => self.irq_arrive(cpu, irq, ev.0),
+                Event::WakeThread(t) => self.make_runnable(t),
+                Event::DisabledWindow(cpu) => self.disabled_window(cpu, ev.0),
+            }
+        }
+        let w = self.w();
+        SimResult {
+            counters: {
+                let mut c = w.counters.clone();
+                c.add("refs", w.refs);
+                c.add("wild_accesses", w.wild_accesses);
+                let (h, m) = w.cpus.iter().fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
+                c.add("tlb.hits", h);
+                c.add("tlb.misses", m);
+                c
+            },
+            hists: w.hists.clone(),
+            oracle: w.oracle.report(),
+            liveness: w.liveness.clone(),
+            end: w.now(),
+            refs: w.refs,
+            events: w.queue.scheduled(),
+            timed_out: w.timed_out,
+        }
+    }
+
+    fn irq_arrive(&self, cpu: CpuId, irq: Irq, t: Cycles) {
+        let mut w = self.w();
+        let c = &mut w.cpus[cpu.index()];
+        if !c.online {
+            return;
+        }
+        c.pending |= irq.bit();
+        match c.mode {
+            Mode::User => {
+                if c.takeable().is_some() {
+                    // Leave the hot path: cancel the pending slice and take
+                    // the interrupt at this CPU's own time.
+                    c.slice_gen += 1;
+                    let at = c.local.max(t);
+                    drop(w);
+                    let sim = self.clone();
+                    self.spawn(cpu, at, Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Interrupt).await }));
+                }
+            }
+            Mode::Kernel => {
+                if c.idle_waiting && c.takeable().is_some() {
+                    c.idle_waiting = false;
+                    c.resume_gen += 1;
+                    let generation = c.resume_gen;
+                    w.queue.push(t, Event::Resume { cpu, generation });
+                }
+            }
+            Mode::Offline => {}
+        }
+    }
+
+    fn start_windows(&self) {
+        let mut w = self.w();
+        let Some(dw) = w.cfg.disabled_windows.clone() else { return };
+        for i in 0..w.cpus.len() {
+            let gap = w.cpus[i].rng.exponential(dw.mean_interval_cycles as f64) as u64;
+            w.queue.push(Cycles(gap), Event::DisabledWindow(CpuId(i as u16)));
+        }
+    }
+
+    fn disabled_window(&self, cpu: CpuId, t: Cycles) {
+        let mut w = self.w();
+        let dw = w.cfg.disabled_windows.clone().expect("windows configured");
+        let c = &mut w.cpus[cpu.index()];
+        let len = c.rng.exponential(dw.mean_length_cycles as f64) as u64;
+        let gap = c.rng.exponential(dw.mean_interval_cycles as f64) as u64;
+        let user = c.mode == Mode::User && c.online;
+        let at = c.local.max(t);
+        if user {
+            c.slice_gen += 1;
+        }
+        w.queue.push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
+        if user {
+            w.counters.add("kernel.disabled_windows", 1);
+            drop(w);
+            let sim = self.clone();
+            self.spawn(
+                cpu,
+                at,
+                Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::DisabledWindow(Cycles(len))).await }),
+            );
+        }
+    }
+
+    /// Schedules the next user slice of `cpu` at `at`.
+    pub(crate) fn resume_user(&self, cpu: CpuId, at: Cycles) {
+        let mut w = self.w();
+        let c = &mut w.cpus[cpu.index()];
+        c.mode = Mode::User;
+        c.slice_gen += 1;
+        c.local = at;
+        let generation = c.slice_gen;
+        w.queue.push(at, Event::UserSlice { cpu, generation });
+    }
+
+    // ----- the hot path --------------------------------------------------
+
+    fn user_slice(&self, cpu: CpuId, t: Cycles) {
+        let mut wb = self.w();
+        let w = &mut *wb;
+        let ci = cpu.index();
+        let quantum = w.cfg.quantum_cycles.max(1);
+        let tid = w.cpus[ci].thread.expect("user mode without a thread");
+        let local = w.cpus[ci].local.max(t);
+        w.cpus[ci].local = local;
+        w.cpus[ci].slice_start = local;
+        let end = local + Cycles(quantum);
+        let mut program = w.threads[tid.0 as usize].program.take().expect("thread without a program");
+        let trap = loop {
+            if let Some(t) = run_batch(w, cpu, tid, end) {
+                break Some(t);
+            }
+            if w.cpus[ci].local >= end {
+                break None;
+            }
+            let th = &mut w.threads[tid.0 as usize];
+            let mut ctx = crate::program::ThreadCtx {
+                thread: tid,
+                cpu,
+                now: w.cpus[ci].local,
+                last_load: th.last_load,
+                ret: th.ret,
+                fault: th.fault.take(),
+                rng: &mut th.rng,
+                end_run: false,
+            };
+            let op = program.next(&mut ctx);
+            if ctx.end_run {
+                w.stop = true;
+            }
+            match op {
+                Op::Refs(r) => {
+                    if r.count > 0 {
+                        th.batch = Some((r, 0));
+                    }
+                }
+                Op::Compute(c) => w.cpus[ci].local += Cycles(c),
+                other => break Some(Trap::Op(other)),
+            }
+            if w.stop {
+                break None;
+            }
+        };
+        w.threads[tid.0 as usize].program = Some(program);
+        let at = w.cpus[ci].local;
+        match trap {
+            None => {
+                w.cpus[ci].slice_gen += 1;
+                let generation = w.cpus[ci].slice_gen;
+                w.queue.push(at, Event::UserSlice { cpu, generation });
+            }
+            Some(trap) => {
+                w.cpus[ci].slice_gen += 1;
+                w.threads[tid.0 as usize].trap = Some(trap);
+                drop(wb);
+                let sim = self.clone();
+                self.spawn(cpu, at, Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Trap).await }));
+            }
+        }
+    }
+
+    pub fn into_world_report(&self) -> OracleReport {
+        self.w().oracle.report()
+    }
+}
+
+/// Why a thread left user mode.
+pub enum Trap {
+    /// A page fault at `va` (store or load) that the TLB and walker could not
+    /// satisfy.
+    Fault { va: u64, store: bool },
+    /// A system call, sleep or exit.
+    Op(Op),
+}
+
+/// Runs the thread's current batch of references until it ends, the slice
+/// ends or a reference traps.
+fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Trap> {
+    let ci = cpu.index();
+    let ref_cycles = w.cfg.costs.ref_cycles;
+    loop {
+        let th = &mut w.threads[tid.0 as usize];
+        let Some((refs, pos)) = th.batch else { return None };
+        if pos >= refs.count {
+            th.batch = None;
+            return None;
+        }
+        if w.cpus[ci].local >= end {
+            return None;
+        }
+        let va = refs.va(pos);
+        let store = !matches!(refs.kind, RefKind::Load);
+        match translate(w, cpu, tid, va, store) {
+            Ok(pfn) => {
+                let off = (va & (PAGE_SIZE - 1)) & !7;
+                if w.mem.is_data(pfn) {
+                    let th = &mut w.threads[tid.0 as usize];
+                    match refs.kind {
+                        RefKind::Load => th.last_load = w.mem.load(pfn, off),
+                        RefKind::Store(v) => w.mem.store(pfn, off, v),
+                        RefKind::Increment => {
+                            let v = w.mem.load(pfn, off);
+                            th.last_load = v;
+                            w.mem.store(pfn, off, v.wrapping_add(1));
+                        }
+                    }
+                } else {
+                    w.wild_accesses += 1;
+                }
+                w.refs += 1 + matches!(refs.kind, RefKind::Increment) as u64;
+                w.cpus[ci].local += Cycles(ref_cycles);
+                w.threads[tid.0 as usize].batch = Some((refs, pos + 1));
+            }
+            Err(()) => return Some(Trap::Fault { va, store }),
+        }
+    }
+}
+
+/// Translates `va` on `cpu`: a TLB hit checked by the oracle, or a walk
+/// that fills the TLB. `Err` is a page fault.
+#[inline]
+fn translate(w: &mut World, cpu: CpuId, tid: ThreadId, va: u64, store: bool) -> Result<mmulab_machine::Pfn, ()> {
+    let ci = cpu.index();
+    let vpn = Vpn(va >> PAGE_SHIFT);
+    let kernel = va >= KERNEL_BASE;
+    let pmap = if kernel { KERNEL_PMAP } else { w.cpus[ci].pmap.ok_or(())? };
+    let asid = w.pmaps[pmap.0 as usize].asid;
+    let c = &mut w.cpus[ci];
+    if let Some(slot) = c.tlb.lookup(vpn, asid) {
+        let e = *c.tlb.entry(slot);
+        if store && !e.writable {
+            return Err(());
+        }
+        let ctx = UseCtx { cpu, thread: tid.0, va, time: c.local };
+        w.oracle.check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+        if store && !e.dirty {
+            // The hardware sets the modify bit with an interlocked
+            // read-modify-write that re-checks the PTE (black89 fn. 6).
+            let costs = &w.cfg.costs;
+            let cost = costs.mem_cycles + costs.walk_level_cycles;
+            let root = w.pmaps[pmap.0 as usize].root;
+            let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+            w.cpus[ci].local += Cycles(cost * wk.levels_read as u64);
+            if !(wk.leaf && wk.pte.present() && wk.pte.writable() && wk.pte.pfn() == e.pfn) {
+                w.cpus[ci].tlb.entry_mut(slot).valid = false;
+                return Err(());
+            }
+            let new = wk.pte.with(Pte::MODIFIED | Pte::REFERENCED);
+            w.mem.table_mut(wk.table)[wk.index] = new.0;
+            w.oracle.record_pte(e.oracle_slot, rights_of(new), None);
+            let ent = w.cpus[ci].tlb.entry_mut(slot);
+            ent.dirty = true;
+            ent.fill_epoch = w.oracle.epoch(e.oracle_slot);
+        }
+        return Ok(e.pfn);
+    }
+    // Miss: the hardware walker, one memory read per level.
+    let costs = &w.cfg.costs;
+    let per_level = costs.mem_cycles + costs.walk_level_cycles;
+    let root = w.pmaps[pmap.0 as usize].root;
+    let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+    w.cpus[ci].local += Cycles(per_level * wk.levels_read as u64);
+    let pte = wk.pte;
+    if !(wk.leaf && pte.present() && (!store || pte.writable()) && (kernel || pte.user())) {
+        return Err(());
+    }
+    let mut new = pte.with(Pte::REFERENCED);
+    if store {
+        new = new.with(Pte::MODIFIED);
+    }
+    if new != pte {
+        w.mem.table_mut(wk.table)[wk.index] = new.0;
+    }
+    let slot = w.oracle.slot(pmap.0, vpn);
+    if store && !pte.modified() {
+        w.oracle.record_pte(slot, rights_of(new), None);
+    }
+    let entry = TlbEntry {
+        valid: true,
+        vpn,
+        asid,
+        global: new.global(),
+        pfn: new.pfn(),
+        writable: new.writable(),
+        user: new.user(),
+        dirty: new.modified(),
+        oracle_slot: slot,
+        fill_epoch: w.oracle.epoch(slot),
+        pte_pa: wk.pte_pa,
+    };
+    w.cpus[ci].tlb.insert(entry);
+    Ok(new.pfn())
+}
+

@@ -1,0 +1,460 @@
+//! The machine-independent VM layer: tasks (address spaces) with regions
+//! backed by VM objects, page faults that fill the pmap lazily (zero-fill,
+//! copy-on-write through shadow objects, as in Mach), and the memory system
+//! calls. It reaches the hardware only through the [`Protocol`] interface
+//! and the page-table helpers protocols share.
+
+use std::collections::BTreeMap;
+
+use mmulab_engine::{Cycles, SimRng};
+use mmulab_machine::{CpuId, Pfn, Vpn};
+
+use crate::pmap::{Change, CpuSet, KERNEL_PMAP, Pmap, PmapId, Update};
+use crate::program::{Program, Prot, Syscall};
+use crate::sim::{KERNEL_BASE, PAGE_SHIFT, Sim, Trap};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId(pub u32);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ThreadId(pub u32);
+
+/// First user virtual page handed out by mmap.
+const USER_BASE_VPN: u64 = 0x10000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadState {
+    Runnable,
+    Running,
+    Sleeping,
+    Dead,
+}
+
+pub struct Thread {
+    pub id: ThreadId,
+    pub task: TaskId,
+    pub state: ThreadState,
+    pub program: Option<Box<dyn Program>>,
+    pub batch: Option<(crate::program::Refs, u64)>,
+    pub last_load: u64,
+    pub ret: u64,
+    pub fault: Option<u64>,
+    pub(crate) trap: Option<Trap>,
+    pub affinity: Option<CpuId>,
+    pub rng: SimRng,
+}
+
+#[derive(Clone, Debug)]
+pub struct Region {
+    pub start: u64,
+    pub pages: u64,
+    pub prot: Prot,
+    pub object: u32,
+    /// Object page index of the region's first page.
+    pub offset: u64,
+}
+
+pub struct Task {
+    pub id: TaskId,
+    pub pmap: PmapId,
+    pub regions: BTreeMap<u64, Region>,
+    pub threads: u32,
+    pub alive: bool,
+    pub next_vpn: u64,
+}
+
+/// Anonymous memory: resident pages by index, and the object it shadows
+/// (copy-on-write after fork).
+#[derive(Default)]
+pub struct VmObject {
+    pub pages: BTreeMap<u64, Pfn>,
+    pub backing: Option<u32>,
+    pub refs: u32,
+}
+
+fn prot_rank(p: Prot) -> u8 {
+    match p {
+        Prot::None => 0,
+        Prot::Read => 1,
+        Prot::ReadWrite => 2,
+    }
+}
+
+impl Sim {
+    /// A new task with an empty address space.
+    pub fn create_task(&self) -> TaskId {
+        let mut w = self.w();
+        let fmt = w.cfg.pt_format;
+        let root = w.mem.alloc_table(fmt.entries(0)).expect("memory for a page-table root");
+        let id = PmapId(w.pmaps.len() as u32);
+        let n = w.cpus.len();
+        // Without ASID tags the ASID is unused; with them, one per pmap
+        // (wrapping is not modelled: at most 65535 address spaces).
+        let asid = mmulab_machine::Asid(id.0 as u16);
+        w.pmaps.push(Pmap { id, root, kernel: false, asid, in_use: CpuSet::new(n), lock: None, tables: vec![root], alive: true });
+        let tid = TaskId(w.tasks.len() as u32);
+        w.tasks.push(Task { id: tid, pmap: id, regions: BTreeMap::new(), threads: 0, alive: true, next_vpn: USER_BASE_VPN });
+        tid
+    }
+
+    pub fn task_pmap(&self, t: TaskId) -> PmapId {
+        self.w().tasks[t.0 as usize].pmap
+    }
+
+    /// A new runnable thread in `task`.
+    pub fn spawn_thread(&self, task: TaskId, program: Box<dyn Program>, affinity: Option<CpuId>) -> ThreadId {
+        let id = {
+            let mut w = self.w();
+            let id = ThreadId(w.threads.len() as u32);
+            let seed = w.cfg.seed;
+            w.threads.push(Thread {
+                id,
+                task,
+                state: ThreadState::Sleeping,
+                program: Some(program),
+                batch: None,
+                last_load: 0,
+                ret: 0,
+                fault: None,
+                trap: None,
+                affinity,
+                rng: SimRng::derive(seed, "thread", id.0 as u64),
+            });
+            w.tasks[task.0 as usize].threads += 1;
+            w.live_threads += 1;
+            id
+        };
+        self.make_runnable(id);
+        id
+    }
+
+    fn new_object(&self, backing: Option<u32>) -> u32 {
+        let mut w = self.w();
+        w.objects.push(VmObject { pages: BTreeMap::new(), backing, refs: 1 });
+        w.objects.len() as u32 - 1
+    }
+
+    /// Drops a reference to an object, freeing its frames when it was the
+    /// last one.
+    fn release_object(&self, obj: u32) {
+        let mut w = self.w();
+        let mut next = Some(obj);
+        while let Some(o) = next {
+            let ob = &mut w.objects[o as usize];
+            ob.refs -= 1;
+            if ob.refs > 0 {
+                break;
+            }
+            let pages = std::mem::take(&mut ob.pages);
+            next = ob.backing.take();
+            for (_, pfn) in pages {
+                w.mem.free(pfn);
+            }
+        }
+    }
+
+    /// Finds the page `idx` of `obj` along the shadow chain: (frame, found
+    /// in the top object).
+    fn lookup_page(&self, obj: u32, idx: u64) -> Option<(Pfn, bool)> {
+        let w = self.w();
+        let mut o = Some(obj);
+        let mut top = true;
+        while let Some(id) = o {
+            let ob = &w.objects[id as usize];
+            if let Some(&pfn) = ob.pages.get(&idx) {
+                return Some((pfn, top));
+            }
+            o = ob.backing;
+            top = false;
+        }
+        None
+    }
+
+    fn region_of(&self, task: TaskId, vpn: u64) -> Option<Region> {
+        let w = self.w();
+        let t = &w.tasks[task.0 as usize];
+        t.regions.range(..=vpn).next_back().map(|(_, r)| r.clone()).filter(|r| vpn < r.start + r.pages)
+    }
+
+    /// The page-fault handler: resolves the fault or marks the thread with
+    /// an unrecoverable fault (SIGSEGV).
+    pub(crate) async fn vm_fault(&self, cpu: CpuId, tid: ThreadId, va: u64, store: bool) {
+        let costs = self.costs();
+        self.delay(cpu, Cycles(costs.fault_cycles)).await;
+        self.count("vm.faults", 1);
+        let vpn = va >> PAGE_SHIFT;
+        let (task, pmap) = {
+            let w = self.w();
+            let task = w.threads[tid.0 as usize].task;
+            (task, w.tasks[task.0 as usize].pmap)
+        };
+        // A fault through a stale read-only entry whose PTE is now writable
+        // must refill: drop the local entry first (x86 invlpg on a spurious
+        // fault).
+        {
+            let mut w = self.w();
+            let asid = w.pmaps[pmap.0 as usize].asid;
+            w.cpus[cpu.index()].tlb.invalidate_page(Vpn(vpn), Some(asid));
+        }
+        let region = if va >= KERNEL_BASE { None } else { self.region_of(task, vpn) };
+        let Some(region) = region.filter(|r| prot_rank(r.prot) >= if store { 2 } else { 1 }) else {
+            self.count("vm.segv", 1);
+            let mut w = self.w();
+            let th = &mut w.threads[tid.0 as usize];
+            th.fault = Some(va);
+            th.batch = None;
+            return;
+        };
+        let idx = region.offset + (vpn - region.start);
+        let (pfn, top) = match self.lookup_page(region.object, idx) {
+            Some(found) => found,
+            None => {
+                let pfn = self.w().mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                self.w().objects[region.object as usize].pages.insert(idx, pfn);
+                self.count("vm.zero_fills", 1);
+                self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
+                (pfn, true)
+            }
+        };
+        let (pfn, top) = if store && !top {
+            // Copy-on-write: copy into the top object, then replace the
+            // read-only mapping of the old frame (a reduction: the frame
+            // changes), then enter the copy.
+            let new = {
+                let mut w = self.w();
+                let new = w.mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                w.mem.copy_data(pfn, new);
+                w.objects[region.object as usize].pages.insert(idx, new);
+                new
+            };
+            self.count("vm.cow_copies", 1);
+            self.delay(cpu, Cycles(costs.copy_page_cycles)).await;
+            let mapped = self.w().pte(pmap, Vpn(vpn)).present();
+            if mapped {
+                self.begin_op(cpu, "cow break");
+                let p = self.protocol();
+                p.update(self, cpu, Update { pmap, start: Vpn(vpn), pages: 1, change: Change::Remove }).await;
+                self.end_op(cpu);
+            }
+            (new, true)
+        } else {
+            (pfn, top)
+        };
+        let writable = region.prot == Prot::ReadWrite && top;
+        let p = self.protocol();
+        p.enter(self, cpu, pmap, Vpn(vpn), pfn, writable).await;
+    }
+
+    /// Splits the region containing `at` so that a region starts there.
+    fn split_at(&self, task: TaskId, at: u64) {
+        let mut w = self.w();
+        let t = &mut w.tasks[task.0 as usize];
+        let Some(r) = t.regions.range(..at).next_back().map(|(_, r)| r.clone()) else { return };
+        if r.start < at && at < r.start + r.pages {
+            let first = r.pages - (r.start + r.pages - at);
+            t.regions.get_mut(&r.start).expect("present").pages = first;
+            let second = Region { start: at, pages: r.pages - first, prot: r.prot, object: r.object, offset: r.offset + first };
+            t.regions.insert(at, second);
+            w.objects[r.object as usize].refs += 1;
+        }
+    }
+
+    /// The regions fully inside [start, start + pages), after splitting.
+    fn regions_in(&self, task: TaskId, start: u64, pages: u64) -> Vec<Region> {
+        self.split_at(task, start);
+        self.split_at(task, start + pages);
+        let w = self.w();
+        w.tasks[task.0 as usize].regions.range(start..start + pages).map(|(_, r)| r.clone()).collect()
+    }
+
+    pub(crate) async fn syscall(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
+        let costs = self.costs();
+        self.delay(cpu, Cycles(costs.syscall_cycles)).await;
+        let task = self.w().threads[tid.0 as usize].task;
+        let pmap = self.task_pmap(task);
+        let ret = match s {
+            Syscall::Mmap { pages, prot } => {
+                assert!(pages > 0, "mmap of zero pages");
+                let obj = self.new_object(None);
+                let mut w = self.w();
+                let t = &mut w.tasks[task.0 as usize];
+                let start = t.next_vpn;
+                t.next_vpn += pages + 1; // a guard page between mappings
+                t.regions.insert(start, Region { start, pages, prot, object: obj, offset: 0 });
+                start << PAGE_SHIFT
+            }
+            Syscall::Munmap { va, pages } => {
+                let start = va >> PAGE_SHIFT;
+                let regions = self.regions_in(task, start, pages);
+                self.begin_op(cpu, "munmap");
+                let p = self.protocol();
+                p.update(self, cpu, Update { pmap, start: Vpn(start), pages, change: Change::Remove }).await;
+                self.end_op(cpu);
+                for r in regions {
+                    self.w().tasks[task.0 as usize].regions.remove(&r.start);
+                    self.free_unshared(r.object, r.offset, r.pages);
+                    self.release_object(r.object);
+                }
+                0
+            }
+            Syscall::Mprotect { va, pages, prot } => {
+                let start = va >> PAGE_SHIFT;
+                let regions = self.regions_in(task, start, pages);
+                let reduces = regions.iter().any(|r| prot_rank(prot) < prot_rank(r.prot));
+                {
+                    let mut w = self.w();
+                    for r in &regions {
+                        w.tasks[task.0 as usize].regions.get_mut(&r.start).expect("present").prot = prot;
+                    }
+                }
+                if reduces {
+                    let change = if prot == Prot::None { Change::Remove } else { Change::ReadOnly };
+                    self.begin_op(cpu, "mprotect");
+                    let p = self.protocol();
+                    for r in regions.iter().filter(|r| prot_rank(prot) < prot_rank(r.prot)) {
+                        p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change }).await;
+                    }
+                    self.end_op(cpu);
+                }
+                0
+            }
+            Syscall::Fork { child } => {
+                let child_task = self.create_task();
+                let parent_regions: Vec<Region> = self.w().tasks[task.0 as usize].regions.values().cloned().collect();
+                for r in &parent_regions {
+                    let orig = r.object;
+                    let p_obj = self.new_object(Some(orig));
+                    let c_obj = self.new_object(Some(orig));
+                    let mut w = self.w();
+                    w.objects[orig as usize].refs += 1;
+                    w.tasks[task.0 as usize].regions.get_mut(&r.start).expect("present").object = p_obj;
+                    w.tasks[child_task.0 as usize].regions.insert(r.start, Region { object: c_obj, ..r.clone() });
+                }
+                let next = self.w().tasks[task.0 as usize].next_vpn;
+                self.w().tasks[child_task.0 as usize].next_vpn = next;
+                // Write access to every private page is taken away: the next
+                // write faults and copies.
+                self.begin_op(cpu, "fork");
+                let p = self.protocol();
+                for r in parent_regions.iter().filter(|r| r.prot == Prot::ReadWrite) {
+                    p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change: Change::ReadOnly })
+                        .await;
+                }
+                self.end_op(cpu);
+                self.count("vm.forks", 1);
+                self.spawn_thread(child_task, child, None);
+                child_task.0 as u64
+            }
+            Syscall::KmemAlloc { pages } => {
+                let start = {
+                    let mut w = self.w();
+                    let s = w.kmem_next;
+                    w.kmem_next += pages + 1;
+                    s
+                };
+                for i in 0..pages {
+                    let pfn = self.w().mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    let p = self.protocol();
+                    p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true).await;
+                }
+                self.count("vm.kmem_allocs", 1);
+                start << PAGE_SHIFT
+            }
+            Syscall::KmemFree { va, pages } => {
+                let start = va >> PAGE_SHIFT;
+                let frames: Vec<Pfn> = {
+                    let w = self.w();
+                    (start..start + pages).map(|v| w.pte(KERNEL_PMAP, Vpn(v))).filter(|p| p.present()).map(|p| p.pfn()).collect()
+                };
+                self.begin_op(cpu, "kmem free");
+                let p = self.protocol();
+                p.update(self, cpu, Update { pmap: KERNEL_PMAP, start: Vpn(start), pages, change: Change::Remove }).await;
+                self.end_op(cpu);
+                let mut w = self.w();
+                for f in frames {
+                    w.mem.free(f);
+                }
+                0
+            }
+            Syscall::ThreadCreate { program, cpu: on } => self.spawn_thread(task, program, on).0 as u64,
+            Syscall::Migrate { cpu: to } => {
+                {
+                    let mut w = self.w();
+                    let th = &mut w.threads[tid.0 as usize];
+                    th.affinity = to;
+                    th.state = ThreadState::Runnable;
+                    w.cpus[cpu.index()].thread = None;
+                }
+                self.count("sched.migrations", 1);
+                self.make_runnable(tid);
+                0
+            }
+        };
+        self.w().threads[tid.0 as usize].ret = ret;
+    }
+
+    /// Frees the pages [offset, offset + pages) of an object no one else
+    /// references (its frames can be reused at once: stale translations to
+    /// them are what the oracle must catch).
+    fn free_unshared(&self, obj: u32, offset: u64, pages: u64) {
+        let mut w = self.w();
+        if w.objects[obj as usize].refs != 1 {
+            return;
+        }
+        let idxs: Vec<u64> = w.objects[obj as usize].pages.range(offset..offset + pages).map(|(&i, _)| i).collect();
+        for i in idxs {
+            let pfn = w.objects[obj as usize].pages.remove(&i).expect("present");
+            w.mem.free(pfn);
+        }
+    }
+
+    /// The thread exits; the last thread of a task tears it down.
+    pub(crate) async fn thread_exit(&self, cpu: CpuId, tid: ThreadId) {
+        let task = {
+            let mut w = self.w();
+            let th = &mut w.threads[tid.0 as usize];
+            th.state = ThreadState::Dead;
+            th.program = None;
+            let task = th.task;
+            w.cpus[cpu.index()].thread = None;
+            w.live_threads -= 1;
+            if w.live_threads == 0 {
+                w.stop = true;
+            }
+            let t = &mut w.tasks[task.0 as usize];
+            t.threads -= 1;
+            if t.threads > 0 {
+                return;
+            }
+            t.alive = false;
+            task
+        };
+        self.teardown(cpu, task).await;
+    }
+
+    /// Destroys a task's address space: every mapping removed through the
+    /// protocol, objects released, page tables freed.
+    async fn teardown(&self, cpu: CpuId, task: TaskId) {
+        let pmap = self.task_pmap(task);
+        let loaded = self.w().cpus[cpu.index()].pmap == Some(pmap);
+        let p = self.protocol();
+        if loaded {
+            p.deactivate(self, cpu, pmap).await;
+        }
+        let regions: Vec<Region> = std::mem::take(&mut self.w().tasks[task.0 as usize].regions).into_values().collect();
+        self.begin_op(cpu, "task exit");
+        for r in &regions {
+            p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change: Change::Remove }).await;
+        }
+        self.end_op(cpu);
+        for r in regions {
+            self.release_object(r.object);
+        }
+        let mut w = self.w();
+        let tables = std::mem::take(&mut w.pmaps[pmap.0 as usize].tables);
+        w.pmaps[pmap.0 as usize].alive = false;
+        for t in tables {
+            w.mem.free(t);
+        }
+    }
+}

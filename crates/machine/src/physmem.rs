@@ -1,0 +1,160 @@
+//! Physical memory: frames that hold either data words or a page table.
+//!
+//! Data is kept as 64-bit words (page_size / 8 per frame), allocated when a
+//! frame is first given out. Page-table frames hold one entry per slot of
+//! their format (1024 four-byte entries on i386, 512 eight-byte on x86-64);
+//! the entry's physical address is `frame * page_size + index * pte_bytes`.
+//! Freed frames are reused last-in first-out, which makes a stale
+//! translation to a freed frame as visible as possible.
+
+use crate::ids::Pfn;
+
+#[derive(Debug)]
+enum Frame {
+    Free,
+    Data(Box<[u64]>),
+    Table(Box<[u64]>),
+}
+
+#[derive(Debug)]
+pub struct PhysMem {
+    page_size: u64,
+    frames: Vec<Frame>,
+    free: Vec<Pfn>,
+    limit: u64,
+    /// Frames ever allocated, for statistics.
+    pub allocations: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfMemory {
+    pub frames: u64,
+}
+
+impl PhysMem {
+    /// `limit` is the number of frames physical memory has.
+    pub fn new(page_size: u64, limit: u64) -> PhysMem {
+        assert!(page_size.is_power_of_two() && page_size >= 512, "page size {page_size}");
+        // Frame 0 is never handed out so that a zero PTE can never name a
+        // valid frame by accident.
+        PhysMem { page_size, frames: vec![Frame::Free], free: Vec::new(), limit, allocations: 0 }
+    }
+
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    pub fn frames_in_use(&self) -> u64 {
+        (self.frames.len() as u64 - 1) - self.free.len() as u64
+    }
+
+    fn take_frame(&mut self) -> Result<Pfn, OutOfMemory> {
+        self.allocations += 1;
+        if let Some(pfn) = self.free.pop() {
+            return Ok(pfn);
+        }
+        if self.frames.len() as u64 > self.limit {
+            return Err(OutOfMemory { frames: self.limit });
+        }
+        self.frames.push(Frame::Free);
+        Ok(Pfn(self.frames.len() as u64 - 1))
+    }
+
+    /// A zero-filled data frame.
+    pub fn alloc_data(&mut self) -> Result<Pfn, OutOfMemory> {
+        let pfn = self.take_frame()?;
+        let words = (self.page_size / 8) as usize;
+        self.frames[pfn.0 as usize] = Frame::Data(vec![0; words].into_boxed_slice());
+        Ok(pfn)
+    }
+
+    /// A zero-filled page-table frame with `entries` slots.
+    pub fn alloc_table(&mut self, entries: usize) -> Result<Pfn, OutOfMemory> {
+        let pfn = self.take_frame()?;
+        self.frames[pfn.0 as usize] = Frame::Table(vec![0; entries].into_boxed_slice());
+        Ok(pfn)
+    }
+
+    pub fn free(&mut self, pfn: Pfn) {
+        let f = &mut self.frames[pfn.0 as usize];
+        assert!(!matches!(f, Frame::Free), "double free of {pfn}");
+        *f = Frame::Free;
+        self.free.push(pfn);
+    }
+
+    pub fn is_data(&self, pfn: Pfn) -> bool {
+        matches!(self.frames.get(pfn.0 as usize), Some(Frame::Data(_)))
+    }
+
+    pub fn data(&self, pfn: Pfn) -> &[u64] {
+        match &self.frames[pfn.0 as usize] {
+            Frame::Data(d) => d,
+            other => panic!("{pfn} is not a data frame: {other:?}"),
+        }
+    }
+
+    pub fn data_mut(&mut self, pfn: Pfn) -> &mut [u64] {
+        match &mut self.frames[pfn.0 as usize] {
+            Frame::Data(d) => d,
+            Frame::Free => panic!("{pfn} is free"),
+            Frame::Table(_) => panic!("{pfn} is a page table"),
+        }
+    }
+
+    pub fn table(&self, pfn: Pfn) -> &[u64] {
+        match &self.frames[pfn.0 as usize] {
+            Frame::Table(t) => t,
+            other => panic!("{pfn} is not a page table: {other:?}"),
+        }
+    }
+
+    pub fn table_mut(&mut self, pfn: Pfn) -> &mut [u64] {
+        match &mut self.frames[pfn.0 as usize] {
+            Frame::Table(t) => t,
+            _ => panic!("{pfn} is not a page table"),
+        }
+    }
+
+    /// Copies a data frame (copy-on-write).
+    pub fn copy_data(&mut self, from: Pfn, to: Pfn) {
+        let src = self.data(from).to_vec();
+        self.data_mut(to).copy_from_slice(&src);
+    }
+
+    /// A 64-bit word load; `offset` is the byte offset within the frame.
+    pub fn load(&self, pfn: Pfn, offset: u64) -> u64 {
+        self.data(pfn)[(offset / 8) as usize]
+    }
+
+    pub fn store(&mut self, pfn: Pfn, offset: u64, value: u64) {
+        self.data_mut(pfn)[(offset / 8) as usize] = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_zeroed_and_reused_lifo() {
+        let mut m = PhysMem::new(4096, 100);
+        let a = m.alloc_data().unwrap();
+        m.store(a, 8, 42);
+        assert_eq!(m.load(a, 8), 42);
+        let b = m.alloc_data().unwrap();
+        m.free(a);
+        let c = m.alloc_data().unwrap();
+        assert_eq!(c, a, "last freed is first reused");
+        assert_eq!(m.load(c, 8), 0, "reused frame is zero-filled");
+        assert_ne!(b, a);
+        assert_ne!(a, Pfn(0));
+    }
+
+    #[test]
+    fn memory_limit_is_enforced() {
+        let mut m = PhysMem::new(4096, 2);
+        m.alloc_data().unwrap();
+        m.alloc_data().unwrap();
+        assert!(m.alloc_data().is_err());
+    }
+}

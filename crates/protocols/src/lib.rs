@@ -1,0 +1,86 @@
+//! The protocols layer of DESIGN.md: one module per mechanism, each an
+//! implementation of [`mmulab_kernel::Protocol`]. Deliberately broken
+//! variants (negative controls) are registered beside the real ones so that
+//! `mmulab check` and the tests can show the oracle catching them.
+
+pub mod global;
+pub mod mach;
+pub mod none;
+
+use std::rc::Rc;
+
+use mmulab_kernel::Protocol;
+
+/// A registered protocol: its name, what it is, and whether it is a
+/// negative control (expected to be caught by the oracle).
+pub struct Entry {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub negative_control: bool,
+    pub make: fn(&ProtocolOptions) -> Rc<dyn Protocol>,
+}
+
+/// Options protocols read from the spec's `[protocol_options]`.
+#[derive(Clone, Debug)]
+pub struct ProtocolOptions {
+    /// black89 §4: no shootdown for pages not mapped in the pmap.
+    pub lazy: bool,
+    /// Pages above which a responder flushes its whole TLB instead of
+    /// invalidating entries one by one (black89 §4 detail 1).
+    pub flush_threshold: u64,
+    /// Size of each CPU's action queue (black89 §4 detail 2).
+    pub action_queue: usize,
+}
+
+impl Default for ProtocolOptions {
+    fn default() -> Self {
+        ProtocolOptions { lazy: true, flush_threshold: 8, action_queue: 4 }
+    }
+}
+
+pub const REGISTRY: &[Entry] = &[
+    Entry {
+        name: "none",
+        about: "never shoots down remote TLBs (negative control: the oracle must catch it)",
+        negative_control: true,
+        make: |_| Rc::new(none::NoShootdown),
+    },
+    Entry {
+        name: "global",
+        about: "simple and slow: stop every other CPU, change the table, flush every TLB",
+        negative_control: false,
+        make: |o| Rc::new(global::Global::new(o, global::Mutation::None)),
+    },
+    Entry {
+        name: "global-initiator-only",
+        about: "broken global: only the initiator flushes (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(global::Global::new(o, global::Mutation::InitiatorOnly)),
+    },
+    Entry {
+        name: "mach",
+        about: "black89's Mach shootdown algorithm (Fig. 1, every refinement)",
+        negative_control: false,
+        make: |o| Rc::new(mach::Mach::new(o, mach::Mutation::None)),
+    },
+    Entry {
+        name: "mach-no-wait",
+        about: "broken mach: the initiator does not wait for responders (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(mach::Mach::new(o, mach::Mutation::NoWait)),
+    },
+    Entry {
+        name: "mach-flush-before-unlock",
+        about: "broken mach: responders flush before the pmap is unlocked (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(mach::Mach::new(o, mach::Mutation::FlushBeforeUnlock)),
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static Entry> {
+    REGISTRY.iter().find(|e| e.name == name)
+}
+
+pub fn names() -> Vec<&'static str> {
+    REGISTRY.iter().map(|e| e.name).collect()
+}

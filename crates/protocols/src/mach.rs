@@ -1,0 +1,278 @@
+//! `mach`: the Mach TLB shootdown algorithm of black89 §4, Fig. 1, with
+//! every refinement the paper describes:
+//!
+//! * the four phases (initiator queues actions and interrupts; responders
+//!   leave the active set and spin while the kernel pmap or their user pmap
+//!   is locked; the initiator changes the pmap; responders invalidate and
+//!   rejoin);
+//! * a responder that stops using the pmap before its interrupt arrives
+//!   releases the initiator (the initiator waits for "inactive *or* not
+//!   using the pmap");
+//! * deadlock avoidance between initiators on different pmaps: initiators
+//!   disable shootdown interrupts and leave the active set;
+//! * the idle set: idle CPUs get actions queued but no interrupt, and
+//!   process them before becoming active;
+//! * a small per-CPU action queue whose overflow makes the responder flush
+//!   its whole TLB, and a threshold between per-entry invalidation and a
+//!   full flush (§4, details 1-2);
+//! * no second interrupt to a CPU that already has one pending (detail 3);
+//! * lazy evaluation: no shootdown for pages not mapped in the pmap.
+
+use std::cell::RefCell;
+
+use mmulab_engine::Cycles;
+use mmulab_kernel::pmap::KERNEL_PMAP;
+use mmulab_kernel::{Ipl, Irq, KFuture, PmapId, Protocol, Sim, Update};
+use mmulab_machine::{CpuId, Vpn};
+
+use crate::ProtocolOptions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    None,
+    /// The initiator does not wait for responders (negative control).
+    NoWait,
+    /// Responders invalidate while the pmap is still locked and do not
+    /// stall for the unlock (negative control: black89 §3, the hardware
+    /// walker reloads the old entry before the change).
+    FlushBeforeUnlock,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Action {
+    pmap: PmapId,
+    start: Vpn,
+    pages: u64,
+}
+
+#[derive(Default)]
+struct PerCpu {
+    active: bool,
+    idle: bool,
+    action_needed: bool,
+    interrupt_pending: bool,
+    queue: Vec<Action>,
+    /// The queue overflowed: flush the whole TLB.
+    overflow: bool,
+}
+
+pub struct Mach {
+    opts: ProtocolOptions,
+    mutation: Mutation,
+    cpus: RefCell<Vec<PerCpu>>,
+    /// One spin lock per CPU's action structure.
+    action_locks: RefCell<Vec<usize>>,
+}
+
+impl Mach {
+    pub fn new(opts: &ProtocolOptions, mutation: Mutation) -> Mach {
+        Mach { opts: opts.clone(), mutation, cpus: RefCell::new(Vec::new()), action_locks: RefCell::new(Vec::new()) }
+    }
+
+    fn action_lock(&self, c: CpuId) -> usize {
+        self.action_locks.borrow()[c.index()]
+    }
+
+    /// Phase 2 and 4 of a responder, shared by the interrupt handler and by
+    /// an idle CPU about to become active.
+    async fn respond(&self, sim: &Sim, me: CpuId) {
+        let costs = sim.costs();
+        let start = sim.now();
+        let mut kernel = false;
+        while self.cpus.borrow()[me.index()].action_needed {
+            self.cpus.borrow_mut()[me.index()].active = false;
+            if self.mutation == Mutation::FlushBeforeUnlock {
+                kernel |= self.process_actions(sim, me).await;
+                self.cpus.borrow_mut()[me.index()].active = true;
+                continue;
+            }
+            let user = sim.w().cpus[me.index()].pmap;
+            sim.spin_until(me, "mach responder: pmaps unlocked", |w| {
+                w.pmaps[KERNEL_PMAP.0 as usize].lock.is_none() && user.is_none_or(|p| w.pmaps[p.0 as usize].lock.is_none())
+            })
+            .await;
+            kernel |= self.process_actions(sim, me).await;
+            self.cpus.borrow_mut()[me.index()].active = true;
+        }
+        let _ = costs;
+        let kind = if kernel { "kernel" } else { "user" };
+        sim.record(&format!("shootdown.{kind}.responder_cycles"), (sim.now() - start).0 as f64);
+    }
+
+    /// Processes the queued actions; returns whether any was on the kernel
+    /// pmap.
+    async fn process_actions(&self, sim: &Sim, me: CpuId) -> bool {
+        let lock = self.action_lock(me);
+        sim.lock(me, lock).await;
+        let (actions, overflow) = {
+            let mut cpus = self.cpus.borrow_mut();
+            let pc = &mut cpus[me.index()];
+            pc.action_needed = false;
+            (std::mem::take(&mut pc.queue), std::mem::take(&mut pc.overflow))
+        };
+        let costs = sim.costs();
+        let mut cost = Cycles(costs.action_process_cycles * actions.len() as u64);
+        if overflow {
+            cost += sim.tlb_flush(me);
+            sim.count("mach.queue_overflow_flushes", 1);
+        } else {
+            for a in &actions {
+                cost += sim.tlb_invalidate_range(me, a.pmap, a.start, a.pages, self.opts.flush_threshold);
+            }
+        }
+        sim.unlock(me, lock).await;
+        sim.delay(me, cost).await;
+        overflow || actions.iter().any(|a| a.pmap == KERNEL_PMAP)
+    }
+}
+
+impl Protocol for Mach {
+    fn name(&self) -> &'static str {
+        match self.mutation {
+            Mutation::None => "mach",
+            Mutation::NoWait => "mach-no-wait",
+            Mutation::FlushBeforeUnlock => "mach-flush-before-unlock",
+        }
+    }
+
+    fn init(&self, sim: &Sim) {
+        let n = sim.w().cpus.len();
+        *self.cpus.borrow_mut() = (0..n).map(|_| PerCpu { active: true, ..Default::default() }).collect();
+        *self.action_locks.borrow_mut() = (0..n).map(|_| sim.new_lock()).collect();
+    }
+
+    /// The shootdown interrupt sits above device interrupts (black89 §9's
+    /// recommendation); kernel code that disables all interrupts still
+    /// delays it.
+    fn interrupt_level(&self) -> Ipl {
+        Ipl::ALL
+    }
+
+    fn update<'a>(&'a self, sim: &'a Sim, me: CpuId, u: Update) -> KFuture<'a> {
+        Box::pin(async move {
+            let costs = sim.costs();
+            let start = sim.now();
+            // Initiator, Fig. 1.
+            let saved = sim.set_ipl(me, Ipl::ALL);
+            sim.delay(me, Cycles(costs.spl_cycles)).await;
+            self.cpus.borrow_mut()[me.index()].active = false;
+            sim.lock_pmap(me, u.pmap).await;
+            sim.delay(me, Cycles(costs.lazy_check_cycles)).await;
+            let may_be_inconsistent = !self.opts.lazy || sim.w().any_mapped(u.pmap, u.start, u.pages);
+            let kind = if u.pmap == KERNEL_PMAP { "kernel" } else { "user" };
+            if may_be_inconsistent {
+                let in_use_here = sim.w().pmaps[u.pmap.0 as usize].in_use.contains(me);
+                if in_use_here {
+                    let c = sim.tlb_invalidate_range(me, u.pmap, u.start, u.pages, self.opts.flush_threshold);
+                    sim.delay(me, c).await;
+                }
+                // Phase 1.
+                let users: Vec<CpuId> = {
+                    let w = sim.w();
+                    w.pmaps[u.pmap.0 as usize].in_use.iter().filter(|&c| c != me && w.is_online(c)).collect()
+                };
+                let mut wait_for = Vec::new();
+                let mut shoot = Vec::new();
+                for &c in &users {
+                    let lock = self.action_lock(c);
+                    sim.lock(me, lock).await;
+                    {
+                        let mut cpus = self.cpus.borrow_mut();
+                        let pc = &mut cpus[c.index()];
+                        if pc.queue.len() >= self.opts.action_queue {
+                            pc.overflow = true;
+                        } else {
+                            pc.queue.push(Action { pmap: u.pmap, start: u.start, pages: u.pages });
+                        }
+                        pc.action_needed = true;
+                    }
+                    sim.delay(me, Cycles(costs.action_queue_cycles)).await;
+                    sim.unlock(me, lock).await;
+                    let (idle, pending) = {
+                        let cpus = self.cpus.borrow();
+                        (cpus[c.index()].idle, cpus[c.index()].interrupt_pending)
+                    };
+                    if !idle {
+                        wait_for.push(c);
+                        if pending {
+                            sim.count("mach.interrupts_already_pending", 1);
+                        } else {
+                            shoot.push(c);
+                        }
+                    } else {
+                        sim.count("mach.idle_skipped", 1);
+                    }
+                }
+                for &c in &shoot {
+                    self.cpus.borrow_mut()[c.index()].interrupt_pending = true;
+                    sim.send_ipi(me, c, Irq::Shootdown).await;
+                }
+                if self.mutation != Mutation::NoWait {
+                    for &c in &wait_for {
+                        let pmap = u.pmap;
+                        sim.spin_until(me, &format!("mach initiator: {c} to respond"), |w| {
+                            !self.cpus.borrow()[c.index()].active || !w.pmaps[pmap.0 as usize].in_use.contains(c)
+                        })
+                        .await;
+                    }
+                }
+                sim.count(&format!("shootdown.{kind}.events"), 1);
+                sim.record(&format!("shootdown.{kind}.initiator_cycles"), (sim.now() - start).0 as f64);
+                sim.record(&format!("shootdown.{kind}.processors"), wait_for.len() as f64);
+                sim.record(&format!("shootdown.{kind}.pages"), u.pages as f64);
+            } else {
+                sim.count(&format!("mach.{kind}.lazy_skips"), 1);
+            }
+            // Phase 3.
+            let edit = sim.w().pt_apply(me, &u);
+            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed)).await;
+            sim.unlock_pmap(me, u.pmap).await;
+            self.cpus.borrow_mut()[me.index()].active = true;
+            sim.restore_ipl(me, saved).await;
+        })
+    }
+
+    fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            self.cpus.borrow_mut()[me.index()].interrupt_pending = false;
+            let saved = sim.set_ipl(me, Ipl::ALL);
+            self.respond(sim, me).await;
+            sim.set_ipl(me, saved);
+        })
+    }
+
+    /// Joining a pmap's users takes its lock, so that a CPU never starts
+    /// using a pmap in the middle of a change that did not include it.
+    fn activate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
+        Box::pin(async move {
+            sim.lock_pmap(cpu, pmap).await;
+            let c = sim.load_pmap(cpu, pmap);
+            sim.unlock_pmap(cpu, pmap).await;
+            sim.delay(cpu, c).await;
+        })
+    }
+
+    fn idle_enter<'a>(&'a self, _sim: &'a Sim, me: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            let mut cpus = self.cpus.borrow_mut();
+            cpus[me.index()].idle = true;
+            cpus[me.index()].active = false;
+        })
+    }
+
+    /// Leaving the idle set: clear the idle flag first, then process what
+    /// was queued, so that an initiator either sees us idle-with-actions or
+    /// not idle (and interrupts us).
+    fn idle_exit<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            self.cpus.borrow_mut()[me.index()].idle = false;
+            let saved = sim.set_ipl(me, Ipl::ALL);
+            if self.cpus.borrow()[me.index()].action_needed {
+                sim.count("mach.idle_actions_processed", 1);
+                self.respond(sim, me).await;
+            }
+            self.cpus.borrow_mut()[me.index()].active = true;
+            sim.restore_ipl(me, saved).await;
+        })
+    }
+}

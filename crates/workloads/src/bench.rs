@@ -1,0 +1,178 @@
+//! The speed workload of `mmulab bench` (foundation issue, "Speed"): N
+//! threads of one task, each on its own CPU, sweep loads and stores over
+//! their own private pages and a shared region; one `mprotect` of a shared
+//! page (read-only, then back) every `mprotect_every` references overall.
+//! References step 64 bytes (one cache line), so each page costs one TLB
+//! miss per sweep when the working set exceeds the TLB.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
+use mmulab_machine::CpuId;
+use serde::{Deserialize, Serialize};
+
+use crate::{Workload, WorkloadReport, verdict};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchSpec {
+    #[serde(default = "BenchSpec::default_threads")]
+    pub threads: usize,
+    #[serde(default = "BenchSpec::default_private")]
+    pub private_pages: u64,
+    #[serde(default = "BenchSpec::default_shared")]
+    pub shared_pages: u64,
+    #[serde(default = "BenchSpec::default_every")]
+    pub mprotect_every: u64,
+    /// References each thread makes before it exits.
+    #[serde(default = "BenchSpec::default_refs")]
+    pub refs_per_thread: u64,
+}
+
+impl BenchSpec {
+    fn default_threads() -> usize {
+        16
+    }
+    fn default_private() -> u64 {
+        256
+    }
+    fn default_shared() -> u64 {
+        64
+    }
+    fn default_every() -> u64 {
+        100_000
+    }
+    fn default_refs() -> u64 {
+        2_000_000
+    }
+    pub fn validate(&self, cpus: usize) -> Result<(), String> {
+        if self.threads == 0 || self.threads > cpus {
+            return Err(format!("workload.threads: must be 1..={cpus} (one per CPU), got {}", self.threads));
+        }
+        if self.private_pages == 0 || self.shared_pages == 0 {
+            return Err("workload.private_pages / workload.shared_pages: must be at least 1".into());
+        }
+        if self.mprotect_every == 0 {
+            return Err("workload.mprotect_every: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    region: u64,
+    ready: bool,
+    finished: usize,
+    faults: u64,
+}
+
+pub struct Bench {
+    spec: BenchSpec,
+    shared: Rc<RefCell<Shared>>,
+}
+
+impl Bench {
+    pub fn new(spec: BenchSpec) -> Bench {
+        Bench { spec, shared: Rc::default() }
+    }
+}
+
+const LINE: u64 = 64;
+const PAGE: u64 = 4096;
+
+impl Workload for Bench {
+    fn start(&mut self, sim: &Sim) {
+        let task = sim.create_task();
+        for t in 0..self.spec.threads {
+            let p = Sweeper { spec: self.spec.clone(), shared: self.shared.clone(), index: t as u64, done: 0, phase: 0 };
+            sim.spawn_thread(task, Box::new(p), Some(CpuId(t as u16)));
+        }
+    }
+
+    fn report(&self) -> WorkloadReport {
+        let s = self.shared.borrow();
+        let mut r = WorkloadReport {
+            name: "bench".into(),
+            verdict: verdict(s.finished == self.spec.threads),
+            ..Default::default()
+        };
+        r.figures.insert("threads_finished".into(), s.finished as f64);
+        r.figures.insert("write_faults_on_shared".into(), s.faults as f64);
+        r
+    }
+}
+
+struct Sweeper {
+    spec: BenchSpec,
+    shared: Rc<RefCell<Shared>>,
+    index: u64,
+    done: u64,
+    phase: u8,
+}
+
+impl Sweeper {
+    fn private_base(&self, region: u64) -> u64 {
+        region + (self.spec.shared_pages + self.index * self.spec.private_pages) * PAGE
+    }
+}
+
+impl Program for Sweeper {
+    fn next(&mut self, ctx: &mut ThreadCtx<'_>) -> Op {
+        if ctx.fault.is_some() {
+            self.shared.borrow_mut().faults += 1;
+        }
+        let sh = self.shared.clone();
+        if !sh.borrow().ready {
+            if self.index == 0 {
+                if self.phase == 0 {
+                    self.phase = 1;
+                    let pages = self.spec.shared_pages + self.spec.threads as u64 * self.spec.private_pages;
+                    return Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite });
+                }
+                let mut s = sh.borrow_mut();
+                s.region = ctx.ret;
+                s.ready = true;
+            } else {
+                return Op::Compute(200);
+            }
+        }
+        let region = sh.borrow().region;
+        if self.done >= self.spec.refs_per_thread {
+            sh.borrow_mut().finished += 1;
+            return Op::Exit;
+        }
+        // One mprotect every `mprotect_every` references machine-wide: each
+        // thread takes its turn every threads × mprotect_every of its own.
+        let period = self.spec.mprotect_every * self.spec.threads as u64;
+        let turn = self.index * self.spec.mprotect_every;
+        let shared_page = region + ((self.done / period) % self.spec.shared_pages) * PAGE;
+        match self.phase {
+            2 => {
+                self.phase = 3;
+                return Op::Syscall(Syscall::Mprotect { va: shared_page, pages: 1, prot: Prot::ReadWrite });
+            }
+            3 => self.phase = 1,
+            _ => {}
+        }
+        let lines_per_page = PAGE / LINE;
+        let chunk = 1024u64;
+        let before = self.done;
+        self.done += chunk;
+        if (before + period - turn) / period != (self.done + period - turn) / period && self.done > turn {
+            self.phase = 2;
+            return Op::Syscall(Syscall::Mprotect { va: shared_page, pages: 1, prot: Prot::Read });
+        }
+        // Alternate private stores, private loads and shared loads.
+        let pos = before / chunk;
+        let (base, pages, kind) = match pos % 4 {
+            0 => (self.private_base(region), self.spec.private_pages, RefKind::Store(self.index)),
+            1 | 2 => (self.private_base(region), self.spec.private_pages, RefKind::Load),
+            _ => (region, self.spec.shared_pages, RefKind::Load),
+        };
+        let wrap = pages * PAGE;
+        let _ = lines_per_page;
+        Op::Refs(Refs { base, start: (before * LINE) % wrap, stride: LINE, count: chunk, wrap, kind })
+    }
+}

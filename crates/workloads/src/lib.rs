@@ -1,0 +1,71 @@
+//! The workloads layer of DESIGN.md. A workload creates tasks and threads
+//! on a booted simulation and, after the run, gives its own verdict and
+//! figures.
+
+pub mod bench;
+pub mod random;
+pub mod tester;
+
+use std::collections::BTreeMap;
+
+use mmulab_kernel::Sim;
+use serde::{Deserialize, Serialize};
+
+/// A workload's own end-to-end result.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WorkloadReport {
+    pub name: String,
+    /// "consistent" or "inconsistent" (the workload's own check).
+    pub verdict: String,
+    pub figures: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+pub trait Workload {
+    fn start(&mut self, sim: &Sim);
+    fn report(&self) -> WorkloadReport;
+}
+
+/// The `[workload]` table of a spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum WorkloadSpec {
+    /// black89 §5.1's consistency tester.
+    Tester(tester::TesterSpec),
+    /// The fixed speed workload of `mmulab bench`.
+    Bench(bench::BenchSpec),
+    /// The randomized correctness workload of `mmulab check`.
+    Random(random::RandomSpec),
+}
+
+impl WorkloadSpec {
+    pub fn build(&self) -> Box<dyn Workload> {
+        match self {
+            WorkloadSpec::Tester(s) => Box::new(tester::Tester::new(s.clone())),
+            WorkloadSpec::Bench(s) => Box::new(bench::Bench::new(s.clone())),
+            WorkloadSpec::Random(s) => Box::new(random::Random::new(s.clone())),
+        }
+    }
+
+    /// Checks values against the machine; errors name the key.
+    pub fn validate(&self, cpus: usize) -> Result<(), String> {
+        match self {
+            WorkloadSpec::Tester(s) => s.validate(cpus),
+            WorkloadSpec::Bench(s) => s.validate(cpus),
+            WorkloadSpec::Random(s) => s.validate(cpus),
+        }
+    }
+
+    pub fn names() -> &'static [(&'static str, &'static str)] {
+        &[
+            ("tester", "black89 §5.1: k children increment counters, the main thread reprotects their page read-only"),
+            ("bench", "speed: threads load and store over private and shared pages, an mprotect every N references"),
+            ("random", "correctness: random mmap/munmap/mprotect/fork/COW/migration/sleep/kmem churn on several tasks"),
+        ]
+    }
+}
+
+pub fn verdict(ok: bool) -> String {
+    if ok { "consistent".into() } else { "inconsistent".into() }
+}

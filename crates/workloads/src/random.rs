@@ -1,0 +1,258 @@
+//! The randomized correctness workload of `mmulab check`: several tasks,
+//! each with several threads sharing its address space, doing random
+//! references, mmap/munmap, mprotect down and back up, fork with
+//! copy-on-write, migrations, sleeps (idle CPUs), and kernel memory
+//! allocation and frees (kernel-pmap shootdowns) while other threads touch
+//! the same kernel buffers. Every draw comes from the thread's own seeded
+//! stream. Faults on memory another thread just unmapped or protected are
+//! expected and ignored; the oracle is the judge.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
+use mmulab_machine::CpuId;
+use serde::{Deserialize, Serialize};
+
+use crate::{Workload, WorkloadReport, verdict};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomSpec {
+    #[serde(default = "RandomSpec::default_tasks")]
+    pub tasks: usize,
+    #[serde(default = "RandomSpec::default_threads")]
+    pub threads_per_task: usize,
+    /// Operations each thread performs before it exits.
+    #[serde(default = "RandomSpec::default_steps")]
+    pub steps: u64,
+    /// Largest region mapped at once, in pages.
+    #[serde(default = "RandomSpec::default_pages")]
+    pub max_region_pages: u64,
+    #[serde(default = "yes")]
+    pub fork: bool,
+    #[serde(default = "yes")]
+    pub kmem: bool,
+    #[serde(default = "yes")]
+    pub migrate: bool,
+    #[serde(default = "yes")]
+    pub sleep: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for RandomSpec {
+    fn default() -> Self {
+        RandomSpec {
+            tasks: 3,
+            threads_per_task: 3,
+            steps: 80,
+            max_region_pages: 8,
+            fork: true,
+            kmem: true,
+            migrate: true,
+            sleep: true,
+        }
+    }
+}
+
+impl RandomSpec {
+    fn default_tasks() -> usize {
+        3
+    }
+    fn default_threads() -> usize {
+        3
+    }
+    fn default_steps() -> u64 {
+        80
+    }
+    fn default_pages() -> u64 {
+        8
+    }
+    pub fn validate(&self, _cpus: usize) -> Result<(), String> {
+        if self.tasks == 0 {
+            return Err("workload.tasks: must be at least 1".into());
+        }
+        if self.threads_per_task == 0 {
+            return Err("workload.threads_per_task: must be at least 1".into());
+        }
+        if self.max_region_pages == 0 {
+            return Err("workload.max_region_pages: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Global {
+    kmem: Vec<(u64, u64)>,
+    finished: u64,
+    started: u64,
+    segv: u64,
+}
+
+type Regions = Rc<RefCell<Vec<(u64, u64)>>>;
+
+pub struct Random {
+    spec: RandomSpec,
+    global: Rc<RefCell<Global>>,
+}
+
+impl Random {
+    pub fn new(spec: RandomSpec) -> Random {
+        Random { spec, global: Rc::default() }
+    }
+}
+
+impl Workload for Random {
+    fn start(&mut self, sim: &Sim) {
+        for _ in 0..self.spec.tasks {
+            let task = sim.create_task();
+            let regions: Regions = Rc::default();
+            for i in 0..self.spec.threads_per_task {
+                let t = Thread::new(&self.spec, &self.global, regions.clone(), i == 0);
+                sim.spawn_thread(task, Box::new(t), None);
+            }
+        }
+    }
+
+    fn report(&self) -> WorkloadReport {
+        let g = self.global.borrow();
+        let mut r = WorkloadReport {
+            name: "random".into(),
+            // The workload's own check is liveness: every thread it started
+            // ran all its steps. Consistency is the oracle's verdict.
+            verdict: verdict(g.finished == g.started),
+            ..Default::default()
+        };
+        r.figures.insert("threads_started".into(), g.started as f64);
+        r.figures.insert("threads_finished".into(), g.finished as f64);
+        r.figures.insert("segv_ignored".into(), g.segv as f64);
+        r
+    }
+}
+
+enum Pending {
+    None,
+    Mapped(u64),
+    KmemAllocated(u64),
+}
+
+struct Thread {
+    spec: RandomSpec,
+    global: Rc<RefCell<Global>>,
+    regions: Regions,
+    may_fork: bool,
+    steps: u64,
+    pending: Pending,
+    restore: Option<(u64, u64)>,
+}
+
+impl Thread {
+    fn new(spec: &RandomSpec, global: &Rc<RefCell<Global>>, regions: Regions, may_fork: bool) -> Thread {
+        global.borrow_mut().started += 1;
+        Thread { spec: spec.clone(), global: global.clone(), regions, may_fork, steps: 0, pending: Pending::None, restore: None }
+    }
+
+    fn pick(&self, ctx: &mut ThreadCtx<'_>, kernel: bool) -> Option<(u64, u64)> {
+        let list = if kernel { self.global.borrow().kmem.clone() } else { self.regions.borrow().clone() };
+        if list.is_empty() {
+            return None;
+        }
+        Some(*ctx.rng.pick(&list))
+    }
+}
+
+const PAGE: u64 = 4096;
+
+impl Program for Thread {
+    fn next(&mut self, ctx: &mut ThreadCtx<'_>) -> Op {
+        if ctx.fault.take().is_some() {
+            self.global.borrow_mut().segv += 1;
+        }
+        match std::mem::replace(&mut self.pending, Pending::None) {
+            Pending::Mapped(pages) => self.regions.borrow_mut().push((ctx.ret, pages)),
+            Pending::KmemAllocated(pages) => self.global.borrow_mut().kmem.push((ctx.ret, pages)),
+            Pending::None => {}
+        }
+        if let Some((va, pages)) = self.restore.take() {
+            return Op::Syscall(Syscall::Mprotect { va, pages, prot: Prot::ReadWrite });
+        }
+        if self.steps >= self.spec.steps {
+            self.global.borrow_mut().finished += 1;
+            return Op::Exit;
+        }
+        self.steps += 1;
+        let roll = ctx.rng.below(100);
+        match roll {
+            0..=44 => {
+                let kernel = self.spec.kmem && ctx.rng.chance(0.25);
+                let Some((va, pages)) = self.pick(ctx, kernel) else {
+                    let pages = 1 + ctx.rng.below(self.spec.max_region_pages);
+                    self.pending = Pending::Mapped(pages);
+                    return Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite });
+                };
+                let stride = *ctx.rng.pick(&[8u64, 64, 512, 4096]);
+                let kind = match ctx.rng.below(3) {
+                    0 => RefKind::Load,
+                    1 => RefKind::Store(ctx.thread.0 as u64),
+                    _ => RefKind::Increment,
+                };
+                let start = ctx.rng.below(pages * PAGE / 8) * 8;
+                let count = 20 + ctx.rng.below(300);
+                Op::Refs(Refs { base: va, start, stride, count, wrap: pages * PAGE, kind })
+            }
+            45..=54 => {
+                let pages = 1 + ctx.rng.below(self.spec.max_region_pages);
+                self.pending = Pending::Mapped(pages);
+                Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite })
+            }
+            55..=61 => {
+                let mut regions = self.regions.borrow_mut();
+                if regions.is_empty() {
+                    return Op::Compute(100);
+                }
+                let i = ctx.rng.below(regions.len() as u64) as usize;
+                let (va, pages) = regions.swap_remove(i);
+                Op::Syscall(Syscall::Munmap { va, pages })
+            }
+            62..=73 => {
+                let Some((va, pages)) = self.pick(ctx, false) else { return Op::Compute(100) };
+                let first = ctx.rng.below(pages);
+                let n = 1 + ctx.rng.below(pages - first);
+                let prot = if ctx.rng.chance(0.7) { Prot::Read } else { Prot::None };
+                self.restore = Some((va + first * PAGE, n));
+                Op::Syscall(Syscall::Mprotect { va: va + first * PAGE, pages: n, prot })
+            }
+            74..=77 if self.spec.fork && self.may_fork => {
+                let child_regions: Regions = Rc::new(RefCell::new(self.regions.borrow().clone()));
+                let mut child = Thread::new(&self.spec, &self.global, child_regions, false);
+                child.steps = self.spec.steps.saturating_sub(10);
+                child.spec.kmem = false;
+                Op::Syscall(Syscall::Fork { child: Box::new(child) })
+            }
+            78..=82 if self.spec.migrate => {
+                let cpu = if ctx.rng.chance(0.5) { None } else { Some(CpuId(ctx.rng.below(1024) as u16)) };
+                // Bound to a CPU that may not exist: fall back to any.
+                Op::Syscall(Syscall::Migrate { cpu: cpu.filter(|c| c.0 < 2) })
+            }
+            83..=87 if self.spec.sleep => Op::Sleep(500 + ctx.rng.below(20_000)),
+            88..=95 if self.spec.kmem => {
+                let free = ctx.rng.chance(0.5);
+                let mut g = self.global.borrow_mut();
+                if free && !g.kmem.is_empty() {
+                    let i = ctx.rng.below(g.kmem.len() as u64) as usize;
+                    let (va, pages) = g.kmem.swap_remove(i);
+                    Op::Syscall(Syscall::KmemFree { va, pages })
+                } else {
+                    let pages = 1 + ctx.rng.below(4);
+                    self.pending = Pending::KmemAllocated(pages);
+                    Op::Syscall(Syscall::KmemAlloc { pages })
+                }
+            }
+            _ => Op::Compute(50 + ctx.rng.below(2000)),
+        }
+    }
+}
