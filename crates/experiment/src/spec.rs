@@ -98,7 +98,7 @@ pub struct EngineSpec {
 
 impl Default for EngineSpec {
     fn default() -> Self {
-        EngineSpec { quantum_cycles: 200, spin_bound: 2_000_000, max_cycles: 20_000_000_000 }
+        EngineSpec { quantum_cycles: 500, spin_bound: 2_000_000, max_cycles: 20_000_000_000 }
     }
 }
 

@@ -343,10 +343,16 @@ impl Sim {
     /// Spins (one shared read per iteration) until `cond` holds. A spin past
     /// the configured bound is a liveness failure: the run stops and the
     /// watchdog reports who waited for what.
+    ///
+    /// The condition reads kernel and protocol state, which only kernel
+    /// coroutines change, and they run only when an event fires. So instead
+    /// of one event per iteration, the spinner sleeps to the first
+    /// iteration boundary at or after the next queued event: the same
+    /// iteration times, counts and interrupt points, far fewer events.
     pub async fn spin_until(&self, cpu: CpuId, what: &str, cond: impl Fn(&World) -> bool) {
         let (step, bound) = {
             let w = self.w();
-            (Cycles(w.cfg.costs.spin_iteration_cycles.max(1)), w.cfg.spin_bound)
+            (w.cfg.costs.spin_iteration_cycles.max(1), w.cfg.spin_bound)
         };
         let since = self.now();
         let mut n = 0u64;
@@ -354,7 +360,16 @@ impl Sim {
             if cond(&self.w()) {
                 break;
             }
-            n += 1;
+            let skip = {
+                let w = self.w();
+                let now = w.now();
+                match w.queue.peek_time() {
+                    Some(t) if t > now => (t.0 - now.0).div_ceil(step).max(1),
+                    Some(_) => 1,
+                    None => bound + 1,
+                }
+            };
+            n += skip;
             if n > bound {
                 let mut w = self.w();
                 let at = w.now();
@@ -363,7 +378,7 @@ impl Sim {
                 drop(w);
                 std::future::pending::<()>().await;
             }
-            self.delay(cpu, step).await;
+            self.delay(cpu, Cycles(step * skip)).await;
         }
         if n > 0 {
             self.count("spin.iterations", n);
@@ -724,46 +739,48 @@ pub enum Trap {
 }
 
 /// Runs the thread's current batch of references until it ends, the slice
-/// ends or a reference traps.
+/// ends or a reference traps. The batch lives in locals for the loop and is
+/// written back once.
 fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Trap> {
     let ci = cpu.index();
-    let ref_cycles = w.cfg.costs.ref_cycles;
-    loop {
-        let th = &mut w.threads[tid.0 as usize];
-        let Some((refs, pos)) = th.batch else { return None };
-        if pos >= refs.count {
-            th.batch = None;
-            return None;
-        }
-        if w.cpus[ci].local >= end {
-            return None;
-        }
+    let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
+    let Some((refs, mut pos)) = w.threads[tid.0 as usize].batch else { return None };
+    let extra = matches!(refs.kind, RefKind::Increment) as u64;
+    let mut last_load = w.threads[tid.0 as usize].last_load;
+    let mut trap = None;
+    while pos < refs.count && w.cpus[ci].local < end {
         let va = refs.va(pos);
         let store = !matches!(refs.kind, RefKind::Load);
         match translate(w, cpu, tid, va, store) {
             Ok(pfn) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
                 if w.mem.is_data(pfn) {
-                    let th = &mut w.threads[tid.0 as usize];
                     match refs.kind {
-                        RefKind::Load => th.last_load = w.mem.load(pfn, off),
+                        RefKind::Load => last_load = w.mem.load(pfn, off),
                         RefKind::Store(v) => w.mem.store(pfn, off, v),
                         RefKind::Increment => {
                             let v = w.mem.load(pfn, off);
-                            th.last_load = v;
+                            last_load = v;
                             w.mem.store(pfn, off, v.wrapping_add(1));
                         }
                     }
                 } else {
                     w.wild_accesses += 1;
                 }
-                w.refs += 1 + matches!(refs.kind, RefKind::Increment) as u64;
-                w.cpus[ci].local += Cycles(ref_cycles);
-                w.threads[tid.0 as usize].batch = Some((refs, pos + 1));
+                w.refs += 1 + extra;
+                w.cpus[ci].local += ref_cycles;
+                pos += 1;
             }
-            Err(()) => return Some(Trap::Fault { va, store }),
+            Err(()) => {
+                trap = Some(Trap::Fault { va, store });
+                break;
+            }
         }
     }
+    let th = &mut w.threads[tid.0 as usize];
+    th.last_load = last_load;
+    th.batch = if pos < refs.count { Some((refs, pos)) } else { None };
+    trap
 }
 
 /// Translates `va` on `cpu`: a TLB hit checked by the oracle, or a walk

@@ -61,6 +61,10 @@ pub struct Task {
     pub threads: u32,
     pub alive: bool,
     pub next_vpn: u64,
+    /// The address map's lock (Mach's vm_map lock): faults and memory calls
+    /// on one task are serialised, so that two threads faulting on one page
+    /// cannot both install it.
+    pub vm_lock: usize,
 }
 
 /// Anonymous memory: resident pages by index, and the object it shadows
@@ -93,7 +97,9 @@ impl Sim {
         let asid = mmulab_machine::Asid(id.0 as u16);
         w.pmaps.push(Pmap { id, root, kernel: false, asid, in_use: CpuSet::new(n), lock: None, tables: vec![root], alive: true });
         let tid = TaskId(w.tasks.len() as u32);
-        w.tasks.push(Task { id: tid, pmap: id, regions: BTreeMap::new(), threads: 0, alive: true, next_vpn: USER_BASE_VPN });
+        w.locks.push(None);
+        let vm_lock = w.locks.len() - 1;
+        w.tasks.push(Task { id: tid, pmap: id, regions: BTreeMap::new(), threads: 0, alive: true, next_vpn: USER_BASE_VPN, vm_lock });
         tid
     }
 
@@ -179,6 +185,18 @@ impl Sim {
     /// The page-fault handler: resolves the fault or marks the thread with
     /// an unrecoverable fault (SIGSEGV).
     pub(crate) async fn vm_fault(&self, cpu: CpuId, tid: ThreadId, va: u64, store: bool) {
+        let lock = self.vm_lock_of(tid);
+        self.lock(cpu, lock).await;
+        self.vm_fault_locked(cpu, tid, va, store).await;
+        self.unlock(cpu, lock).await;
+    }
+
+    fn vm_lock_of(&self, tid: ThreadId) -> usize {
+        let w = self.w();
+        w.tasks[w.threads[tid.0 as usize].task.0 as usize].vm_lock
+    }
+
+    async fn vm_fault_locked(&self, cpu: CpuId, tid: ThreadId, va: u64, store: bool) {
         let costs = self.costs();
         self.delay(cpu, Cycles(costs.fault_cycles)).await;
         self.count("vm.faults", 1);
@@ -268,6 +286,13 @@ impl Sim {
     }
 
     pub(crate) async fn syscall(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
+        let lock = self.vm_lock_of(tid);
+        self.lock(cpu, lock).await;
+        self.syscall_locked(cpu, tid, s).await;
+        self.unlock(cpu, lock).await;
+    }
+
+    async fn syscall_locked(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
         let costs = self.costs();
         self.delay(cpu, Cycles(costs.syscall_cycles)).await;
         let task = self.w().threads[tid.0 as usize].task;
@@ -429,7 +454,10 @@ impl Sim {
             t.alive = false;
             task
         };
+        let lock = self.w().tasks[task.0 as usize].vm_lock;
+        self.lock(cpu, lock).await;
         self.teardown(cpu, task).await;
+        self.unlock(cpu, lock).await;
     }
 
     /// Destroys a task's address space: every mapping removed through the

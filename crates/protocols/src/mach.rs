@@ -32,9 +32,10 @@ pub enum Mutation {
     None,
     /// The initiator does not wait for responders (negative control).
     NoWait,
-    /// Responders invalidate while the pmap is still locked and do not
-    /// stall for the unlock (negative control: black89 §3, the hardware
-    /// walker reloads the old entry before the change).
+    /// Responders invalidate as soon as they are interrupted and go back
+    /// to what they were doing without stalling for the unlock (their
+    /// acknowledgement stands). Negative control for black89 §3: the
+    /// hardware walker reloads the old entry before the change.
     FlushBeforeUnlock,
 }
 
@@ -83,7 +84,6 @@ impl Mach {
             self.cpus.borrow_mut()[me.index()].active = false;
             if self.mutation == Mutation::FlushBeforeUnlock {
                 kernel |= self.process_actions(sim, me).await;
-                self.cpus.borrow_mut()[me.index()].active = true;
                 continue;
             }
             let user = sim.w().cpus[me.index()].pmap;
