@@ -1,0 +1,148 @@
+//! Integration tests: run the real `mmulab` binary (ripgrep's tests/util.rs
+//! style) on small specs the tests write themselves.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn mmulab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mmulab")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mmulab-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn results(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn tester_under_global_is_consistent_by_oracle_and_by_its_own_check() {
+    let d = tmp("global");
+    let o = mmulab(&["run", "experiments/tester.toml", "--out", d.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = results(&d);
+    for key in ["spec", "seed", "version", "counters", "histograms", "fits", "oracle", "workload", "host"] {
+        assert!(r.get(key).is_some(), "results.json lacks {key}");
+    }
+    assert_eq!(r["oracle"]["violations"], 0);
+    assert_eq!(r["oracle"]["verdict"], "consistent");
+    assert_eq!(r["workload"]["verdict"], "consistent");
+    assert!(r["host"]["refs_per_second"].as_f64().unwrap() > 0.0);
+    assert!(d.join("results.csv").exists());
+    assert!(stdout(&o).contains("oracle    consistent"), "{}", stdout(&o));
+}
+
+#[test]
+fn tester_under_none_is_caught_by_both_checks() {
+    let d = tmp("none");
+    let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=none", "--out", d.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = results(&d);
+    assert!(r["oracle"]["violations"].as_u64().unwrap() > 0);
+    assert_eq!(r["oracle"]["verdict"], "inconsistent");
+    assert_eq!(r["workload"]["verdict"], "inconsistent");
+    let first = &r["oracle"]["first"][0];
+    for key in ["cpu", "thread", "va", "time", "op"] {
+        assert!(first.get(key).is_some(), "violation report lacks {key}");
+    }
+}
+
+#[test]
+fn broken_protocol_flushing_only_the_initiator_is_caught() {
+    let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=global-initiator-only", "--json"]);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["oracle"]["violations"].as_u64().unwrap() > 0);
+    assert_eq!(r["workload"]["verdict"], "inconsistent");
+}
+
+#[test]
+fn same_spec_and_seed_give_identical_results_but_host() {
+    let a = tmp("det-a");
+    let b = tmp("det-b");
+    for d in [&a, &b] {
+        let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=mach", "--set", "runs=2", "--out", d.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let strip = |d: &PathBuf| {
+        let mut v = results(d);
+        v.as_object_mut().unwrap().remove("host");
+        serde_json::to_string(&v).unwrap()
+    };
+    assert_eq!(strip(&a), strip(&b));
+    assert_eq!(std::fs::read(a.join("results.csv")).unwrap(), std::fs::read(b.join("results.csv")).unwrap());
+}
+
+#[test]
+fn spec_errors_exit_2_and_name_the_key() {
+    for (set, key) in [
+        ("machine.cpus=0", "machine.cpus"),
+        ("machine.tlb.ways=128", "machine.tlb.ways"),
+        ("preset=\"atari-1985\"", "preset"),
+        ("machine.colour=3", "colour"),
+        ("protocol=\"magic\"", "protocol"),
+    ] {
+        let o = mmulab(&["run", "experiments/tester.toml", "--set", set]);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
+        assert!(stderr(&o).contains(key), "{set}: error does not name {key}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn check_passes_for_mach_and_catches_none_with_a_replay_command() {
+    let o = mmulab(&["check", "--protocol", "mach", "--seeds", "40", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["violations"], 0);
+    assert_eq!(r["seeds"], 40);
+
+    let o = mmulab(&["check", "--protocol", "none", "--seeds", "20", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["seeds_with_violations"].as_u64().unwrap() >= 15, "none should be caught on nearly every seed: {r}");
+    let replay = r["first_failing"]["replay"].as_str().unwrap().to_string();
+    assert!(replay.starts_with("mmulab check --protocol none --start "));
+    // The replay command reproduces the failure.
+    let args: Vec<&str> = replay.split_whitespace().skip(1).collect();
+    let o = mmulab(&args);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn broken_mach_variants_are_caught() {
+    for p in ["mach-no-wait", "mach-flush-before-unlock"] {
+        let o = mmulab(&["check", "--protocol", p, "--seeds", "60", "--json"]);
+        assert_eq!(o.status.code(), Some(1), "{p} was not caught");
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(r["violations"].as_u64().unwrap() > 0, "{p}: {r}");
+    }
+}
+
+#[test]
+fn list_names_presets_protocols_and_workloads() {
+    let o = mmulab(&["list"]);
+    let s = stdout(&o);
+    for name in ["encore-multimax-1989", "black89", "none", "global", "mach", "tester", "bench", "random"] {
+        assert!(s.contains(name), "list lacks {name}");
+    }
+}
+
+#[test]
+fn bench_json_reports_refs_per_second() {
+    let o = mmulab(&["bench", "--json", "--runs", "1", "--refs-per-thread", "20000"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["refs_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["workload"].as_str().unwrap().contains("16 threads"));
+}
