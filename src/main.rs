@@ -10,7 +10,11 @@ use mmulab_experiment::{Results, Spec};
 use mmulab_report::Table;
 
 #[derive(Parser)]
-#[command(name = "mmulab", version, about = "Translation coherence toolkit: TLB shootdown, HAT layers, UNITD, software-managed TLBs, Mirage DSM")]
+#[command(
+    name = "mmulab",
+    version,
+    about = "Translation coherence toolkit: TLB shootdown, HAT layers, UNITD, software-managed TLBs, Mirage DSM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,6 +59,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Reproduce a paper's evaluation: paper vs mmulab, side by side.
+    Reproduce {
+        /// black89 (more papers join as their issues land).
+        paper: String,
+        /// Write DIR/reproduce-PAPER.json and the figures as SVG.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Fewer seeds and smaller sweeps (for CI).
+        #[arg(long)]
+        quick: bool,
+        /// Where the paper specs live.
+        #[arg(long, default_value = "experiments")]
+        experiments: PathBuf,
+    },
     /// Name the presets, protocols and workloads.
     List,
 }
@@ -76,7 +94,11 @@ fn main() -> ExitCode {
 
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
-    pb.set_style(ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}").expect("template").progress_chars("=> "));
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
     pb.set_message(what.to_string());
     // Only runs longer than a second show it; indicatif hides it when
     // stderr is not a terminal.
@@ -86,25 +108,40 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 
 fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
-        Command::Run { spec, sets, out, json } => {
+        Command::Run {
+            spec,
+            sets,
+            out,
+            json,
+        } => {
             let spec = Spec::load(&spec, &sets)?;
             let pb = bar(spec.runs, "running");
             let results = mmulab_experiment::run_spec(&spec, |i, _| pb.set_position(i))?;
             pb.finish_and_clear();
             if let Some(dir) = &out {
-                results.write(dir).with_context(|| format!("writing results to {}", dir.display()))?;
+                results
+                    .write(dir)
+                    .with_context(|| format!("writing results to {}", dir.display()))?;
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&results)?);
             } else {
                 print!("{}", summary(&spec, &results));
                 if let Some(dir) = &out {
-                    println!("results written to {}/results.json and results.csv", dir.display());
+                    println!(
+                        "results written to {}/results.json and results.csv",
+                        dir.display()
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { protocol, seeds, start, json } => {
+        Command::Check {
+            protocol,
+            seeds,
+            start,
+            json,
+        } => {
             if mmulab_protocols::find(&protocol).is_none() {
                 return Err(mmulab_experiment::SpecError::Invalid(format!(
                     "--protocol: unknown protocol `{protocol}` (known: {})",
@@ -113,7 +150,8 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 .into());
             }
             let pb = bar(seeds, &format!("check {protocol}"));
-            let report = mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));
+            let report =
+                mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));
             pb.finish_and_clear();
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -130,7 +168,10 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 );
                 println!(
                     "violations: {} (in {} seeds); liveness failures: {}; runs that hit the time limit: {}",
-                    report.violations, report.seeds_with_violations, report.liveness_failures, report.timeouts
+                    report.violations,
+                    report.seeds_with_violations,
+                    report.liveness_failures,
+                    report.timeouts
                 );
                 if let Some(f) = &report.first_failing {
                     println!("first failing seed: {}", f.seed);
@@ -143,16 +184,27 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     println!("  replay: {}", f.replay);
                 }
             }
-            Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
-        Command::Bench { runs, refs_per_thread, json } => {
+        Command::Bench {
+            runs,
+            refs_per_thread,
+            json,
+        } => {
             let sets = vec![format!("workload.refs_per_thread={refs_per_thread}")];
             let spec = Spec::parse(BENCH_SPEC, &sets, "bench")?;
             let mut rates = Vec::new();
             let pb = bar(runs as u64, "bench");
             for i in 0..runs {
                 let r = mmulab_experiment::run_spec(&spec, |_, _| {})?;
-                anyhow::ensure!(r.oracle.violations == 0, "bench run {i} reported oracle violations");
+                anyhow::ensure!(
+                    r.oracle.violations == 0,
+                    "bench run {i} reported oracle violations"
+                );
                 rates.push(r.host.refs_per_second);
                 pb.set_position(i as u64 + 1);
             }
@@ -169,9 +221,46 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{out}");
             } else {
-                println!("{:.1} M simulated references per second (median of {runs} runs)", median / 1e6);
+                println!(
+                    "{:.1} M simulated references per second (median of {runs} runs)",
+                    median / 1e6
+                );
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Reproduce {
+            paper,
+            out,
+            quick,
+            experiments,
+        } => {
+            let dir = experiments.join(&paper);
+            let table = match paper.as_str() {
+                "black89" => mmulab_experiment::reproduce::black89::reproduce(
+                    &dir,
+                    quick,
+                    out.as_deref(),
+                    &|m| eprintln!("{m}"),
+                )?,
+                other => {
+                    return Err(mmulab_experiment::SpecError::Invalid(format!(
+                        "reproduce: unknown paper `{other}` (available: black89)"
+                    ))
+                    .into());
+                }
+            };
+            print!("{}", table.render());
+            if let Some(dir) = &out {
+                println!(
+                    "wrote {}/reproduce-{paper}.json and SVG figures",
+                    dir.display()
+                );
+            }
+            Ok(if table.all_within() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::List => {
             let mut t = Table::new(&["preset", "models", "inputs from"]);
@@ -182,7 +271,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             println!();
             let mut t = Table::new(&["protocol", "what it is"]);
             for e in mmulab_protocols::REGISTRY {
-                let about = if e.negative_control { format!("{} [negative control]", e.about) } else { e.about.to_string() };
+                let about = if e.negative_control {
+                    format!("{} [negative control]", e.about)
+                } else {
+                    e.about.to_string()
+                };
                 t.row(vec![e.name.to_string(), about]);
             }
             print!("{}", t.render());
@@ -251,12 +344,26 @@ fn summary(spec: &Spec, r: &Results) -> String {
     t.row(vec![
         "oracle".into(),
         r.oracle.verdict.clone(),
-        format!("{} violations in {} checked translation uses", r.oracle.violations, r.oracle.checked_uses),
+        format!(
+            "{} violations in {} checked translation uses",
+            r.oracle.violations, r.oracle.checked_uses
+        ),
     ]);
-    t.row(vec!["workload".into(), r.workload.verdict.clone(), r.workload.notes.join("; ")]);
+    t.row(vec![
+        "workload".into(),
+        r.workload.verdict.clone(),
+        r.workload.notes.join("; "),
+    ]);
     if !r.liveness.is_empty() {
         let l = &r.liveness[0];
-        t.row(vec!["watchdog".into(), "liveness failure".into(), format!("seed {}: {} waiting for {}", l.seed, l.failure.cpu, l.failure.waiting_for)]);
+        t.row(vec![
+            "watchdog".into(),
+            "liveness failure".into(),
+            format!(
+                "seed {}: {} waiting for {}",
+                l.seed, l.failure.cpu, l.failure.waiting_for
+            ),
+        ]);
     }
     out.push_str(&t.render());
     for v in r.oracle.first.iter().take(3) {

@@ -49,16 +49,27 @@ impl<E> Default for EventQueue<E> {
 
 impl<E> EventQueue<E> {
     pub fn new() -> Self {
-        EventQueue { heap: BinaryHeap::new(), next_seq: 0, now: Cycles::ZERO }
+        EventQueue {
+            heap: BinaryHeap::new(),
+            next_seq: 0,
+            now: Cycles::ZERO,
+        }
     }
 
     /// Schedules `event` at `time`. Scheduling in the past is a bug in the
     /// caller: time only moves forward.
     pub fn push(&mut self, time: Cycles, event: E) {
-        assert!(time >= self.now, "event scheduled in the past: {time} < now {}", self.now);
+        assert!(
+            time >= self.now,
+            "event scheduled in the past: {time} < now {}",
+            self.now
+        );
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.heap.push(Reverse(Entry { key: (time, seq), event }));
+        self.heap.push(Reverse(Entry {
+            key: (time, seq),
+            event,
+        }));
     }
 
     /// Removes and returns the earliest event, advancing `now` to its time.

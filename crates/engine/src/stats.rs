@@ -138,8 +138,17 @@ impl LinearFit {
         let syy: f64 = points.iter().map(|p| (p.1 - my).powi(2)).sum();
         let slope = sxy / sxx;
         let intercept = my - slope * mx;
-        let r2 = if syy == 0.0 { 1.0 } else { (sxy * sxy) / (sxx * syy) };
-        Some(LinearFit { intercept, slope, r2, n: points.len() as u64 })
+        let r2 = if syy == 0.0 {
+            1.0
+        } else {
+            (sxy * sxy) / (sxx * syy)
+        };
+        Some(LinearFit {
+            intercept,
+            slope,
+            r2,
+            n: points.len() as u64,
+        })
     }
 
     pub fn at(&self, x: f64) -> f64 {
@@ -153,7 +162,9 @@ mod tests {
 
     #[test]
     fn exact_line_is_recovered() {
-        let pts: Vec<_> = (1..=12).map(|x| (x as f64, 430.0 + 55.0 * x as f64)).collect();
+        let pts: Vec<_> = (1..=12)
+            .map(|x| (x as f64, 430.0 + 55.0 * x as f64))
+            .collect();
         let f = LinearFit::fit(&pts).unwrap();
         assert!((f.intercept - 430.0).abs() < 1e-9);
         assert!((f.slope - 55.0).abs() < 1e-9);

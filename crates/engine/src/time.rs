@@ -6,7 +6,9 @@ use std::fmt;
 use std::ops::{Add, AddAssign, Sub};
 
 /// A point in, or a span of, simulated time in processor cycles.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Cycles(pub u64);
 
 impl Cycles {
@@ -34,7 +36,12 @@ impl AddAssign for Cycles {
 impl Sub for Cycles {
     type Output = Cycles;
     fn sub(self, rhs: Cycles) -> Cycles {
-        debug_assert!(self.0 >= rhs.0, "time went backwards: {} - {}", self.0, rhs.0);
+        debug_assert!(
+            self.0 >= rhs.0,
+            "time went backwards: {} - {}",
+            self.0,
+            rhs.0
+        );
         Cycles(self.0 - rhs.0)
     }
 }
@@ -53,7 +60,10 @@ pub struct Clock {
 
 impl Clock {
     pub fn new(hz: f64) -> Clock {
-        assert!(hz > 0.0 && hz.is_finite(), "clock rate must be positive, got {hz}");
+        assert!(
+            hz > 0.0 && hz.is_finite(),
+            "clock rate must be positive, got {hz}"
+        );
         Clock { hz }
     }
 

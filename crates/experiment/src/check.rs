@@ -39,7 +39,9 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
          [workload]\nkind = \"random\"\ntasks = {tasks}\nthreads_per_task = {threads}\nsteps = {steps}\n"
     );
     if windows {
-        text.push_str("[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n");
+        text.push_str(
+            "[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n",
+        );
     }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
 }
@@ -106,7 +108,12 @@ fn check_one(protocol: &str, seed: u64) -> SeedResult {
 
 /// Runs `seeds` seeds from `start` in parallel (one seed per task, so the
 /// result does not depend on the thread count).
-pub fn check(protocol: &str, start: u64, seeds: u64, progress: &(dyn Fn(u64) + Sync)) -> CheckReport {
+pub fn check(
+    protocol: &str,
+    start: u64,
+    seeds: u64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> CheckReport {
     let t0 = Instant::now();
     let done = AtomicU64::new(0);
     let results: Vec<SeedResult> = (start..start + seeds)
@@ -117,13 +124,19 @@ pub fn check(protocol: &str, start: u64, seeds: u64, progress: &(dyn Fn(u64) + S
             r
         })
         .collect();
-    let first = results.iter().find(|r| r.violations > 0 || r.liveness.is_some()).map(|r| FailingSeed {
-        seed: r.seed,
-        violations: r.violations,
-        liveness: r.liveness.clone(),
-        first_violation: r.first.clone(),
-        replay: format!("mmulab check --protocol {protocol} --start {} --seeds 1", r.seed),
-    });
+    let first = results
+        .iter()
+        .find(|r| r.violations > 0 || r.liveness.is_some())
+        .map(|r| FailingSeed {
+            seed: r.seed,
+            violations: r.violations,
+            liveness: r.liveness.clone(),
+            first_violation: r.first.clone(),
+            replay: format!(
+                "mmulab check --protocol {protocol} --start {} --seeds 1",
+                r.seed
+            ),
+        });
     CheckReport {
         protocol: protocol.to_string(),
         seeds,

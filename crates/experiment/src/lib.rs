@@ -4,10 +4,11 @@
 
 pub mod check;
 pub mod preset;
+pub mod reproduce;
 pub mod results;
 pub mod run;
 pub mod spec;
 
 pub use results::Results;
-pub use run::{run_spec, RunError};
+pub use run::{RunError, run_spec};
 pub use spec::{Spec, SpecError};

@@ -22,11 +22,15 @@ pub struct Preset {
 /// (name, file text) of every built-in preset.
 pub const BUILTIN: &[(&str, &str)] = &[
     ("generic", include_str!("../../../presets/generic.toml")),
-    ("encore-multimax-1989", include_str!("../../../presets/encore-multimax-1989.toml")),
+    (
+        "encore-multimax-1989",
+        include_str!("../../../presets/encore-multimax-1989.toml"),
+    ),
 ];
 
 fn parse(text: &str, origin: &str) -> Result<Preset, SpecError> {
-    toml::from_str(text).map_err(|e| SpecError::Invalid(format!("preset {origin}: {}", e.to_string().trim())))
+    toml::from_str(text)
+        .map_err(|e| SpecError::Invalid(format!("preset {origin}: {}", e.to_string().trim())))
 }
 
 pub fn load(name: &str) -> Result<Preset, SpecError> {
@@ -34,17 +38,27 @@ pub fn load(name: &str) -> Result<Preset, SpecError> {
         return parse(text, name);
     }
     if name.ends_with(".toml") {
-        let text = std::fs::read_to_string(name).map_err(|err| SpecError::Io { path: name.to_string(), err })?;
+        let text = std::fs::read_to_string(name).map_err(|err| SpecError::Io {
+            path: name.to_string(),
+            err,
+        })?;
         return parse(&text, name);
     }
     Err(SpecError::Invalid(format!(
         "preset: unknown preset `{name}` (built-in: {}; or give a path ending in .toml)",
-        BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        BUILTIN
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
     )))
 }
 
 pub fn all() -> Vec<Preset> {
-    BUILTIN.iter().map(|(n, t)| parse(t, n).expect("built-in presets parse")).collect()
+    BUILTIN
+        .iter()
+        .map(|(n, t)| parse(t, n).expect("built-in presets parse"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -52,7 +66,11 @@ mod tests {
     #[test]
     fn builtins_parse_and_name_themselves() {
         for p in super::all() {
-            assert!(super::BUILTIN.iter().any(|(n, _)| *n == p.name), "{} misnamed", p.name);
+            assert!(
+                super::BUILTIN.iter().any(|(n, _)| *n == p.name),
+                "{} misnamed",
+                p.name
+            );
             assert!(!p.source.is_empty());
         }
     }

@@ -56,14 +56,25 @@ impl Results {
         std::fs::create_dir_all(dir)?;
         let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("results.json"), json + "\n")?;
-        let mut w = csv::Writer::from_path(dir.join("results.csv")).map_err(std::io::Error::other)?;
-        w.write_record(["kind", "name", "stat", "value"]).map_err(std::io::Error::other)?;
-        let mut row = |k: &str, n: &str, s: &str, v: String| w.write_record([k, n, s, &v]).map_err(std::io::Error::other);
+        let mut w =
+            csv::Writer::from_path(dir.join("results.csv")).map_err(std::io::Error::other)?;
+        w.write_record(["kind", "name", "stat", "value"])
+            .map_err(std::io::Error::other)?;
+        let mut row = |k: &str, n: &str, s: &str, v: String| {
+            w.write_record([k, n, s, &v]).map_err(std::io::Error::other)
+        };
         for (n, v) in &self.counters.0 {
             row("counter", n, "count", v.to_string())?;
         }
         for (n, s) in &self.histograms {
-            for (stat, v) in [("n", s.n as f64), ("mean", s.mean), ("sd", s.sd), ("median", s.median), ("p10", s.p10), ("p90", s.p90)] {
+            for (stat, v) in [
+                ("n", s.n as f64),
+                ("mean", s.mean),
+                ("sd", s.sd),
+                ("median", s.median),
+                ("p10", s.p10),
+                ("p90", s.p90),
+            ] {
                 row("histogram", n, stat, format!("{v}"))?;
             }
         }
@@ -72,10 +83,14 @@ impl Results {
             row("fit", n, "slope", f.slope.to_string())?;
             row("fit", n, "r2", f.r2.to_string())?;
         }
-        row("oracle", "violations", "count", self.oracle.violations.to_string())?;
+        row(
+            "oracle",
+            "violations",
+            "count",
+            self.oracle.violations.to_string(),
+        )?;
         row("oracle", "verdict", "text", self.oracle.verdict.clone())?;
         row("workload", "verdict", "text", self.workload.verdict.clone())?;
-        drop(row);
         w.flush()
     }
 }

@@ -46,14 +46,25 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
 pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
     let entry = mmulab_protocols::find(&spec.protocol).expect("validated protocol");
     let o = &spec.protocol_options;
-    let opts = ProtocolOptions { lazy: o.lazy, flush_threshold: o.flush_threshold, action_queue: o.action_queue };
+    let opts = ProtocolOptions {
+        lazy: o.lazy,
+        flush_threshold: o.flush_threshold,
+        action_queue: o.action_queue,
+    };
     let protocol = (entry.make)(&opts);
-    let sim = Sim::new(sim_config(spec, seed), protocol as Rc<dyn mmulab_kernel::Protocol>);
+    let sim = Sim::new(
+        sim_config(spec, seed),
+        protocol as Rc<dyn mmulab_kernel::Protocol>,
+    );
     let mut workload = spec.workload.build();
     workload.start(&sim);
     sim.boot();
     let result = sim.run();
-    SeedOutcome { seed, sim: result, workload: workload.report() }
+    SeedOutcome {
+        seed,
+        sim: result,
+        workload: workload.report(),
+    }
 }
 
 /// Runs every seed of a spec and merges them into one result.
@@ -69,10 +80,16 @@ pub fn run_spec(spec: &Spec, mut progress: impl FnMut(u64, u64)) -> Result<Resul
 }
 
 pub fn machine_description() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
     format!("{model}, {cpus} cores, {}", std::env::consts::OS)
 }
@@ -111,7 +128,10 @@ pub fn merge(spec: &Spec, outcomes: Vec<SeedOutcome>, wall_s: f64) -> Results {
             }
         }
         if let Some(l) = &o.sim.liveness {
-            liveness.push(LivenessReport { seed: o.seed, failure: l.clone() });
+            liveness.push(LivenessReport {
+                seed: o.seed,
+                failure: l.clone(),
+            });
         }
         cycles += o.sim.end.0;
         refs += o.sim.refs;
@@ -123,8 +143,15 @@ pub fn merge(spec: &Spec, outcomes: Vec<SeedOutcome>, wall_s: f64) -> Results {
         if let Some(base) = k.strip_suffix("_cycles") {
             let us = |v: f64| clock.us_f64(v);
             let mut u = s;
-            (u.mean, u.sd, u.median, u.p10, u.p90, u.min, u.max) =
-                (us(s.mean), us(s.sd), us(s.median), us(s.p10), us(s.p90), us(s.min), us(s.max));
+            (u.mean, u.sd, u.median, u.p10, u.p90, u.min, u.max) = (
+                us(s.mean),
+                us(s.sd),
+                us(s.median),
+                us(s.p10),
+                us(s.p90),
+                us(s.min),
+                us(s.max),
+            );
             histograms.insert(format!("{base}_us"), u);
         }
     }
@@ -142,9 +169,17 @@ pub fn merge(spec: &Spec, outcomes: Vec<SeedOutcome>, wall_s: f64) -> Results {
         liveness,
         host: HostInfo {
             wall_s,
-            refs_per_second: if wall_s > 0.0 { refs as f64 / wall_s } else { 0.0 },
+            refs_per_second: if wall_s > 0.0 {
+                refs as f64 / wall_s
+            } else {
+                0.0
+            },
             machine: machine_description(),
-            profile: if cfg!(debug_assertions) { "debug".into() } else { "release".into() },
+            profile: if cfg!(debug_assertions) {
+                "debug".into()
+            } else {
+                "release".into()
+            },
         },
     }
 }

@@ -80,7 +80,12 @@ pub struct MachineSpec {
 
 impl Default for MachineSpec {
     fn default() -> Self {
-        MachineSpec { cpus: 16, memory_mb: 512, page_table: PtFormat::X86_64, tlb: TlbConfig::default() }
+        MachineSpec {
+            cpus: 16,
+            memory_mb: 512,
+            page_table: PtFormat::X86_64,
+            tlb: TlbConfig::default(),
+        }
     }
 }
 
@@ -98,7 +103,11 @@ pub struct EngineSpec {
 
 impl Default for EngineSpec {
     fn default() -> Self {
-        EngineSpec { quantum_cycles: 500, spin_bound: 2_000_000, max_cycles: 20_000_000_000 }
+        EngineSpec {
+            quantum_cycles: 500,
+            spin_bound: 2_000_000,
+            max_cycles: 20_000_000_000,
+        }
     }
 }
 
@@ -123,7 +132,11 @@ pub struct ProtocolOptionsSpec {
 impl Default for ProtocolOptionsSpec {
     fn default() -> Self {
         let d = mmulab_protocols::ProtocolOptions::default();
-        ProtocolOptionsSpec { lazy: d.lazy, flush_threshold: d.flush_threshold, action_queue: d.action_queue }
+        ProtocolOptionsSpec {
+            lazy: d.lazy,
+            flush_threshold: d.flush_threshold,
+            action_queue: d.action_queue,
+        }
     }
 }
 
@@ -144,10 +157,15 @@ pub fn set_path(root: &mut toml::Table, key: &str, value: Value) -> Result<(), S
     }
     let mut t = root;
     for (i, p) in parts[..parts.len() - 1].iter().enumerate() {
-        let entry = t.entry(p.to_string()).or_insert_with(|| Value::Table(toml::Table::new()));
-        t = entry
-            .as_table_mut()
-            .ok_or_else(|| invalid(format!("--set {key}: `{}` is not a table", parts[..=i].join("."))))?;
+        let entry = t
+            .entry(p.to_string())
+            .or_insert_with(|| Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| {
+            invalid(format!(
+                "--set {key}: `{}` is not a table",
+                parts[..=i].join(".")
+            ))
+        })?;
     }
     t.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
@@ -167,26 +185,39 @@ pub fn merge(base: &mut toml::Table, over: toml::Table) {
 
 impl Spec {
     pub fn load(path: &Path, sets: &[String]) -> Result<Spec, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io { path: path.display().to_string(), err })?;
+        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
         Spec::parse(&text, sets, &path.display().to_string())
     }
 
     /// Parses spec text with overrides applied. `origin` names the file in
     /// error messages.
     pub fn parse(text: &str, sets: &[String], origin: &str) -> Result<Spec, SpecError> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
         for s in sets {
-            let (k, v) = s.split_once('=').ok_or_else(|| invalid(format!("--set {s}: expected KEY=VALUE")))?;
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("--set {s}: expected KEY=VALUE")))?;
             set_path(&mut table, k.trim(), parse_value(v.trim()))?;
         }
         let preset_name = match table.get("preset") {
             None => Spec::default_preset(),
             Some(Value::String(s)) => s.clone(),
-            Some(other) => return Err(invalid(format!("preset: expected a string, got {}", other.type_str()))),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "preset: expected a string, got {}",
+                    other.type_str()
+                )));
+            }
         };
         let mut effective = preset::load(&preset_name)?.spec;
         merge(&mut effective, table);
-        let spec: Spec = Spec::deserialize(effective).map_err(|e| invalid(format!("{origin}: {}", e.to_string().trim())))?;
+        let spec: Spec = Spec::deserialize(effective)
+            .map_err(|e| invalid(format!("{origin}: {}", e.to_string().trim())))?;
         spec.validate()?;
         Ok(spec)
     }
@@ -202,7 +233,10 @@ impl Spec {
         }
         let m = &self.machine;
         if !(1..=1024).contains(&m.cpus) {
-            return Err(invalid(format!("machine.cpus: must be 1 to 1024, got {}", m.cpus)));
+            return Err(invalid(format!(
+                "machine.cpus: must be 1 to 1024, got {}",
+                m.cpus
+            )));
         }
         if m.memory_mb == 0 {
             return Err(invalid("machine.memory_mb: must be at least 1"));
@@ -218,15 +252,20 @@ impl Spec {
             return Err(invalid("engine.spin_bound: must be at least 1"));
         }
         if !(self.costs.clock_hz > 0.0 && self.costs.clock_hz.is_finite()) {
-            return Err(invalid(format!("costs.clock_hz: must be a positive rate, got {}", self.costs.clock_hz)));
+            return Err(invalid(format!(
+                "costs.clock_hz: must be a positive rate, got {}",
+                self.costs.clock_hz
+            )));
         }
         if self.protocol_options.action_queue == 0 {
             return Err(invalid("protocol_options.action_queue: must be at least 1"));
         }
-        if let Some(dw) = &self.kernel.disabled_windows {
-            if dw.mean_interval_cycles == 0 {
-                return Err(invalid("kernel.disabled_windows.mean_interval_cycles: must be at least 1"));
-            }
+        if let Some(dw) = &self.kernel.disabled_windows
+            && dw.mean_interval_cycles == 0
+        {
+            return Err(invalid(
+                "kernel.disabled_windows.mean_interval_cycles: must be at least 1",
+            ));
         }
         self.workload.validate(m.cpus).map_err(invalid)?;
         Ok(())
@@ -246,7 +285,9 @@ mod tests {
 
     fn err(text: &str, sets: &[&str]) -> String {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        Spec::parse(text, &sets, "spec.toml").unwrap_err().to_string()
+        Spec::parse(text, &sets, "spec.toml")
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -258,8 +299,16 @@ mod tests {
 
     #[test]
     fn set_overrides_any_field() {
-        let s = Spec::parse(BASE, &["machine.cpus=4".into(), "seed=9".into(), "machine.tlb.policy=fifo".into()], "t")
-            .unwrap();
+        let s = Spec::parse(
+            BASE,
+            &[
+                "machine.cpus=4".into(),
+                "seed=9".into(),
+                "machine.tlb.policy=fifo".into(),
+            ],
+            "t",
+        )
+        .unwrap();
         assert_eq!(s.machine.cpus, 4);
         assert_eq!(s.seed, 9);
         assert_eq!(s.machine.tlb.policy, mmulab_machine::Policy::Fifo);

@@ -46,7 +46,9 @@ impl CpuSet {
     }
     pub fn iter(&self) -> impl Iterator<Item = CpuId> + '_ {
         self.0.iter().enumerate().flat_map(|(i, &w)| {
-            (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| CpuId((i * 64 + b) as u16))
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| CpuId((i * 64 + b) as u16))
         })
     }
 }
@@ -116,7 +118,15 @@ pub trait Protocol {
 
     /// Enter a mapping (pmap_enter). Increases rights only, so by default
     /// no other TLB is touched (black89 §3, technique 3).
-    fn enter<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId, vpn: Vpn, pfn: Pfn, writable: bool) -> KFuture<'a> {
+    fn enter<'a>(
+        &'a self,
+        sim: &'a Sim,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: Pfn,
+        writable: bool,
+    ) -> KFuture<'a> {
         Box::pin(async move {
             let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
             sim.delay(cpu, c).await;
@@ -164,7 +174,12 @@ pub trait Protocol {
 
 pub fn rights_of(pte: Pte) -> Rights {
     if pte.present() {
-        Rights { present: true, writable: pte.writable(), modified: pte.modified(), pfn: pte.pfn() }
+        Rights {
+            present: true,
+            writable: pte.writable(),
+            modified: pte.modified(),
+            pfn: pte.pfn(),
+        }
     } else {
         Rights::NONE
     }
@@ -189,7 +204,9 @@ impl World {
         let mut v = start.0;
         let mut none = Vec::new();
         while v < end {
-            match leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none).expect("no allocation") {
+            match leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none)
+                .expect("no allocation")
+            {
                 None => v = (v / span + 1) * span,
                 Some((table, index)) => {
                     let table_end = ((v / span + 1) * span).min(end);
@@ -273,7 +290,12 @@ impl Sim {
         let (root, kernel) = (p.root, p.kernel);
         let mut new_tables = Vec::new();
         let (table, index) = leaf_slot(&mut w.mem, fmt, root, vpn, true, &mut new_tables)
-            .unwrap_or_else(|e| panic!("out of physical memory ({} frames): raise machine.memory_mb", e.frames))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "out of physical memory ({} frames): raise machine.memory_mb",
+                    e.frames
+                )
+            })
             .expect("created");
         let n_new = new_tables.len() as u64;
         w.pmaps[pmap.0 as usize].tables.extend(new_tables);
@@ -327,7 +349,14 @@ impl Sim {
     /// Invalidates a range from `cpu`'s own TLB: per entry up to
     /// `threshold` pages, a full flush beyond (black89 §4, detail 1).
     /// Returns the cost.
-    pub fn tlb_invalidate_range(&self, cpu: CpuId, pmap: PmapId, start: Vpn, pages: u64, threshold: u64) -> Cycles {
+    pub fn tlb_invalidate_range(
+        &self,
+        cpu: CpuId,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+        threshold: u64,
+    ) -> Cycles {
         let mut w = self.w();
         let costs = w.cfg.costs.clone();
         let asid = w.pmaps[pmap.0 as usize].asid;

@@ -28,11 +28,22 @@ pub struct Refs {
 
 impl Refs {
     pub fn one(va: u64, kind: RefKind) -> Refs {
-        Refs { base: va, start: 0, stride: 0, count: 1, wrap: 0, kind }
+        Refs {
+            base: va,
+            start: 0,
+            stride: 0,
+            count: 1,
+            wrap: 0,
+            kind,
+        }
     }
     pub fn va(&self, i: u64) -> u64 {
         let off = self.start.wrapping_add(i.wrapping_mul(self.stride));
-        if self.wrap > 0 { self.base + off % self.wrap } else { self.base + off }
+        if self.wrap > 0 {
+            self.base + off % self.wrap
+        } else {
+            self.base + off
+        }
     }
 }
 
@@ -45,23 +56,45 @@ pub enum Prot {
 
 pub enum Syscall {
     /// Map `pages` of zero-filled anonymous memory; returns the address.
-    Mmap { pages: u64, prot: Prot },
-    Munmap { va: u64, pages: u64 },
-    Mprotect { va: u64, pages: u64, prot: Prot },
+    Mmap {
+        pages: u64,
+        prot: Prot,
+    },
+    Munmap {
+        va: u64,
+        pages: u64,
+    },
+    Mprotect {
+        va: u64,
+        pages: u64,
+        prot: Prot,
+    },
     /// A new task with a copy-on-write copy of this one's memory, running
     /// `child`. Returns the child's task id.
-    Fork { child: Box<dyn Program> },
+    Fork {
+        child: Box<dyn Program>,
+    },
     /// A new thread in this task, optionally bound to a CPU.
-    ThreadCreate { program: Box<dyn Program>, cpu: Option<CpuId> },
+    ThreadCreate {
+        program: Box<dyn Program>,
+        cpu: Option<CpuId>,
+    },
     /// Move to another CPU (or any, when None): the thread is rescheduled.
-    Migrate { cpu: Option<CpuId> },
+    Migrate {
+        cpu: Option<CpuId>,
+    },
     /// Allocate wired kernel memory (mapped in the kernel pmap at once);
     /// returns its kernel address. Threads may reference it directly, as
     /// kernel code on their behalf would.
-    KmemAlloc { pages: u64 },
+    KmemAlloc {
+        pages: u64,
+    },
     /// Free kernel memory: a kernel-pmap shootdown, then the frames are
     /// reused.
-    KmemFree { va: u64, pages: u64 },
+    KmemFree {
+        va: u64,
+        pages: u64,
+    },
 }
 
 pub enum Op {

@@ -29,7 +29,11 @@ impl Sim {
             let cpu = CpuId(i as u16);
             if self.w().cpus[i].online {
                 let sim = self.clone();
-                self.spawn(cpu, Cycles(0), Box::pin(async move { sim.kernel_entry(cpu, Entry::Boot).await }));
+                self.spawn(
+                    cpu,
+                    Cycles(0),
+                    Box::pin(async move { sim.kernel_entry(cpu, Entry::Boot).await }),
+                );
             } else {
                 self.w().cpus[i].mode = Mode::Offline;
             }
@@ -57,8 +61,13 @@ impl Sim {
     }
 
     async fn handle_trap(&self, cpu: CpuId) {
-        let tid = self.w().cpus[cpu.index()].thread.expect("trap without a thread");
-        let trap = self.w().threads[tid.0 as usize].trap.take().expect("trap recorded");
+        let tid = self.w().cpus[cpu.index()]
+            .thread
+            .expect("trap without a thread");
+        let trap = self.w().threads[tid.0 as usize]
+            .trap
+            .take()
+            .expect("trap recorded");
         match trap {
             Trap::Fault { va, store } => self.vm_fault(cpu, tid, va, store).await,
             Trap::Op(Op::Syscall(s)) => self.syscall(cpu, tid, s).await,
@@ -98,13 +107,18 @@ impl Sim {
 
     fn pick(&self, cpu: CpuId) -> Option<ThreadId> {
         let mut w = self.w();
-        let pos = w.run_queue.iter().position(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))?;
+        let pos = w
+            .run_queue
+            .iter()
+            .position(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))?;
         w.run_queue.remove(pos)
     }
 
     fn has_work(&self, cpu: CpuId) -> bool {
         let w = self.w();
-        w.run_queue.iter().any(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))
+        w.run_queue
+            .iter()
+            .any(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))
     }
 
     async fn switch_to(&self, cpu: CpuId, t: ThreadId) {

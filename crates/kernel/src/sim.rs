@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use mmulab_engine::{Counters, Cycles, EventQueue, Histogram, SimRng};
 use mmulab_machine::oracle::{OracleReport, UseCtx};
 use mmulab_machine::pagetable::walk;
-use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, Pte, PtFormat, Tlb, TlbConfig, TlbEntry, Vpn};
+use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn};
 use serde::{Deserialize, Serialize};
 
 use crate::costs::Costs;
@@ -104,7 +104,11 @@ pub struct World {
     pub hists: BTreeMap<String, Histogram>,
     pub rng: SimRng,
     /// Physical page → its mappings (pv lists). Looked up, never iterated.
-    pub pv: HashMap<u64, Vec<(PmapId, Vpn)>, std::hash::BuildHasherDefault<mmulab_machine::oracle::FixedHasher>>,
+    pub pv: HashMap<
+        u64,
+        Vec<(PmapId, Vpn)>,
+        std::hash::BuildHasherDefault<mmulab_machine::oracle::FixedHasher>,
+    >,
     pub refs: u64,
     pub stop: bool,
     pub liveness: Option<Liveness>,
@@ -177,16 +181,30 @@ impl Sim {
         let cpus = (0..cfg.cpus)
             .map(|i| {
                 let tlb = Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "tlb", i as u64));
-                Cpu::new(CpuId(i as u16), tlb, SimRng::derive(cfg.seed, "cpu", i as u64))
+                Cpu::new(
+                    CpuId(i as u16),
+                    tlb,
+                    SimRng::derive(cfg.seed, "cpu", i as u64),
+                )
             })
             .collect();
-        let root = mem.alloc_table(cfg.pt_format.entries(0)).expect("memory for the kernel pmap");
+        let root = mem
+            .alloc_table(cfg.pt_format.entries(0))
+            .expect("memory for the kernel pmap");
         let mut in_use = CpuSet::new(cfg.cpus);
         for i in 0..cfg.cpus {
             in_use.insert(CpuId(i as u16));
         }
-        let kernel =
-            Pmap { id: KERNEL_PMAP, root, kernel: true, asid: mmulab_machine::Asid(0), in_use, lock: None, tables: vec![root], alive: true };
+        let kernel = Pmap {
+            id: KERNEL_PMAP,
+            root,
+            kernel: true,
+            asid: mmulab_machine::Asid(0),
+            in_use,
+            lock: None,
+            tables: vec![root],
+            alive: true,
+        };
         let rng = SimRng::new(cfg.seed, "kernel");
         let world = World {
             queue: EventQueue::new(),
@@ -213,7 +231,11 @@ impl Sim {
             cfg,
         };
         let n = world.cpus.len();
-        let sim = Sim(Rc::new(Inner { world: RefCell::new(world), protocol, roots: RefCell::new((0..n).map(|_| None).collect()) }));
+        let sim = Sim(Rc::new(Inner {
+            world: RefCell::new(world),
+            protocol,
+            roots: RefCell::new((0..n).map(|_| None).collect()),
+        }));
         let level = sim.protocol().interrupt_level();
         for c in &mut sim.w().cpus {
             c.shootdown_level = level;
@@ -252,7 +274,10 @@ impl Sim {
     /// Starts a kernel coroutine on `cpu` at time `at`.
     pub(crate) fn spawn(&self, cpu: CpuId, at: Cycles, fut: KFuture<'static>) {
         let mut roots = self.0.roots.borrow_mut();
-        assert!(roots[cpu.index()].is_none(), "{cpu} already runs a kernel coroutine");
+        assert!(
+            roots[cpu.index()].is_none(),
+            "{cpu} already runs a kernel coroutine"
+        );
         roots[cpu.index()] = Some(fut);
         drop(roots);
         let mut w = self.w();
@@ -371,11 +396,17 @@ impl Sim {
             };
             n += skip;
             if n > bound {
-                let mut w = self.w();
-                let at = w.now();
-                w.liveness.get_or_insert(Liveness { cpu, waiting_for: what.to_string(), since, at });
-                w.stop = true;
-                drop(w);
+                {
+                    let mut w = self.w();
+                    let at = w.now();
+                    w.liveness.get_or_insert(Liveness {
+                        cpu,
+                        waiting_for: what.to_string(),
+                        since,
+                        at,
+                    });
+                    w.stop = true;
+                }
                 std::future::pending::<()>().await;
             }
             self.delay(cpu, Cycles(step * skip)).await;
@@ -398,7 +429,10 @@ impl Sim {
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("pmap {} lock", pmap.0), |w| w.pmaps[pmap.0 as usize].lock.is_none()).await;
+            self.spin_until(cpu, &format!("pmap {} lock", pmap.0), |w| {
+                w.pmaps[pmap.0 as usize].lock.is_none()
+            })
+            .await;
         }
         self.delay(cpu, Cycles(costs.lock_cycles)).await;
     }
@@ -408,7 +442,12 @@ impl Sim {
         {
             let mut w = self.w();
             let p = &mut w.pmaps[pmap.0 as usize];
-            assert_eq!(p.lock, Some(cpu), "{cpu} unlocks pmap {} it does not hold", pmap.0);
+            assert_eq!(
+                p.lock,
+                Some(cpu),
+                "{cpu} unlocks pmap {} it does not hold",
+                pmap.0
+            );
             p.lock = None;
         }
         self.delay(cpu, Cycles(c)).await;
@@ -430,7 +469,8 @@ impl Sim {
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none()).await;
+            self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none())
+                .await;
         }
         let c = self.costs().lock_cycles;
         self.delay(cpu, Cycles(c)).await;
@@ -439,7 +479,11 @@ impl Sim {
     pub async fn unlock(&self, cpu: CpuId, lock: usize) {
         {
             let mut w = self.w();
-            assert_eq!(w.locks[lock], Some(cpu), "{cpu} unlocks lock {lock} it does not hold");
+            assert_eq!(
+                w.locks[lock],
+                Some(cpu),
+                "{cpu} unlocks lock {lock} it does not hold"
+            );
             w.locks[lock] = None;
         }
         let c = self.costs().unlock_cycles;
@@ -463,7 +507,11 @@ impl Sim {
         if costs.bus_contention_cycles == 0 {
             return Cycles(0);
         }
-        let users = w.cpus.iter().filter(|c| c.mode == Mode::Kernel && c.thread.is_some()).count() as u64
+        let users = w
+            .cpus
+            .iter()
+            .filter(|c| c.mode == Mode::Kernel && c.thread.is_some())
+            .count() as u64
             + w.queue.len().min(w.cpus.len()) as u64 / 2;
         Cycles(users.saturating_sub(costs.bus_free_users) * costs.bus_contention_cycles)
     }
@@ -492,7 +540,10 @@ impl Sim {
     pub fn begin_op(&self, cpu: CpuId, what: &str) -> OpId {
         let mut w = self.w();
         let now = w.now();
-        assert!(w.cpus[cpu.index()].op.is_none(), "{cpu} starts {what} inside another operation");
+        assert!(
+            w.cpus[cpu.index()].op.is_none(),
+            "{cpu} starts {what} inside another operation"
+        );
         let op = w.oracle.begin_op(what, cpu, now);
         w.cpus[cpu.index()].op = Some(op);
         op
@@ -502,7 +553,10 @@ impl Sim {
     pub fn end_op(&self, cpu: CpuId) {
         let mut w = self.w();
         let now = w.now();
-        let op = w.cpus[cpu.index()].op.take().expect("end_op without begin_op");
+        let op = w.cpus[cpu.index()]
+            .op
+            .take()
+            .expect("end_op without begin_op");
         if !w.oracle.op(op).lazy {
             w.oracle.complete(op, now);
         }
@@ -568,7 +622,10 @@ impl Sim {
                 let mut c = w.counters.clone();
                 c.add("refs", w.refs);
                 c.add("wild_accesses", w.wild_accesses);
-                let (h, m) = w.cpus.iter().fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
+                let (h, m) = w
+                    .cpus
+                    .iter()
+                    .fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
                 c.add("tlb.hits", h);
                 c.add("tlb.misses", m);
                 c
@@ -599,7 +656,13 @@ impl Sim {
                     let at = c.local.max(t);
                     drop(w);
                     let sim = self.clone();
-                    self.spawn(cpu, at, Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Interrupt).await }));
+                    self.spawn(
+                        cpu,
+                        at,
+                        Box::pin(async move {
+                            sim.kernel_entry(cpu, crate::sched::Entry::Interrupt).await
+                        }),
+                    );
                 }
             }
             Mode::Kernel => {
@@ -616,10 +679,13 @@ impl Sim {
 
     fn start_windows(&self) {
         let mut w = self.w();
-        let Some(dw) = w.cfg.disabled_windows.clone() else { return };
+        let Some(dw) = w.cfg.disabled_windows.clone() else {
+            return;
+        };
         for i in 0..w.cpus.len() {
             let gap = w.cpus[i].rng.exponential(dw.mean_interval_cycles as f64) as u64;
-            w.queue.push(Cycles(gap), Event::DisabledWindow(CpuId(i as u16)));
+            w.queue
+                .push(Cycles(gap), Event::DisabledWindow(CpuId(i as u16)));
         }
     }
 
@@ -634,7 +700,8 @@ impl Sim {
         if user {
             c.slice_gen += 1;
         }
-        w.queue.push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
+        w.queue
+            .push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
         if user {
             w.counters.add("kernel.disabled_windows", 1);
             drop(w);
@@ -642,7 +709,10 @@ impl Sim {
             self.spawn(
                 cpu,
                 at,
-                Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::DisabledWindow(Cycles(len))).await }),
+                Box::pin(async move {
+                    sim.kernel_entry(cpu, crate::sched::Entry::DisabledWindow(Cycles(len)))
+                        .await
+                }),
             );
         }
     }
@@ -670,7 +740,10 @@ impl Sim {
         w.cpus[ci].local = local;
         w.cpus[ci].slice_start = local;
         let end = local + Cycles(quantum);
-        let mut program = w.threads[tid.0 as usize].program.take().expect("thread without a program");
+        let mut program = w.threads[tid.0 as usize]
+            .program
+            .take()
+            .expect("thread without a program");
         let trap = loop {
             if let Some(t) = run_batch(w, cpu, tid, end) {
                 break Some(t);
@@ -719,7 +792,11 @@ impl Sim {
                 w.threads[tid.0 as usize].trap = Some(trap);
                 drop(wb);
                 let sim = self.clone();
-                self.spawn(cpu, at, Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Trap).await }));
+                self.spawn(
+                    cpu,
+                    at,
+                    Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Trap).await }),
+                );
             }
         }
     }
@@ -744,7 +821,7 @@ pub enum Trap {
 fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Trap> {
     let ci = cpu.index();
     let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
-    let Some((refs, mut pos)) = w.threads[tid.0 as usize].batch else { return None };
+    let (refs, mut pos) = w.threads[tid.0 as usize].batch?;
     let extra = matches!(refs.kind, RefKind::Increment) as u64;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
@@ -779,18 +856,32 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
     }
     let th = &mut w.threads[tid.0 as usize];
     th.last_load = last_load;
-    th.batch = if pos < refs.count { Some((refs, pos)) } else { None };
+    th.batch = if pos < refs.count {
+        Some((refs, pos))
+    } else {
+        None
+    };
     trap
 }
 
 /// Translates `va` on `cpu`: a TLB hit checked by the oracle, or a walk
 /// that fills the TLB. `Err` is a page fault.
 #[inline]
-fn translate(w: &mut World, cpu: CpuId, tid: ThreadId, va: u64, store: bool) -> Result<mmulab_machine::Pfn, ()> {
+fn translate(
+    w: &mut World,
+    cpu: CpuId,
+    tid: ThreadId,
+    va: u64,
+    store: bool,
+) -> Result<mmulab_machine::Pfn, ()> {
     let ci = cpu.index();
     let vpn = Vpn(va >> PAGE_SHIFT);
     let kernel = va >= KERNEL_BASE;
-    let pmap = if kernel { KERNEL_PMAP } else { w.cpus[ci].pmap.ok_or(())? };
+    let pmap = if kernel {
+        KERNEL_PMAP
+    } else {
+        w.cpus[ci].pmap.ok_or(())?
+    };
     let asid = w.pmaps[pmap.0 as usize].asid;
     let c = &mut w.cpus[ci];
     if let Some(slot) = c.tlb.lookup(vpn, asid) {
@@ -798,8 +889,14 @@ fn translate(w: &mut World, cpu: CpuId, tid: ThreadId, va: u64, store: bool) -> 
         if store && !e.writable {
             return Err(());
         }
-        let ctx = UseCtx { cpu, thread: tid.0, va, time: c.local };
-        w.oracle.check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+        let ctx = UseCtx {
+            cpu,
+            thread: tid.0,
+            va,
+            time: c.local,
+        };
+        w.oracle
+            .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
         if store && !e.dirty {
             // The hardware sets the modify bit with an interlocked
             // read-modify-write that re-checks the PTE (black89 fn. 6).
@@ -858,4 +955,3 @@ fn translate(w: &mut World, cpu: CpuId, tid: ThreadId, va: u64, store: bool) -> 
     w.cpus[ci].tlb.insert(entry);
     Ok(new.pfn())
 }
-

@@ -89,17 +89,37 @@ impl Sim {
     pub fn create_task(&self) -> TaskId {
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
-        let root = w.mem.alloc_table(fmt.entries(0)).expect("memory for a page-table root");
+        let root = w
+            .mem
+            .alloc_table(fmt.entries(0))
+            .expect("memory for a page-table root");
         let id = PmapId(w.pmaps.len() as u32);
         let n = w.cpus.len();
         // Without ASID tags the ASID is unused; with them, one per pmap
         // (wrapping is not modelled: at most 65535 address spaces).
         let asid = mmulab_machine::Asid(id.0 as u16);
-        w.pmaps.push(Pmap { id, root, kernel: false, asid, in_use: CpuSet::new(n), lock: None, tables: vec![root], alive: true });
+        w.pmaps.push(Pmap {
+            id,
+            root,
+            kernel: false,
+            asid,
+            in_use: CpuSet::new(n),
+            lock: None,
+            tables: vec![root],
+            alive: true,
+        });
         let tid = TaskId(w.tasks.len() as u32);
         w.locks.push(None);
         let vm_lock = w.locks.len() - 1;
-        w.tasks.push(Task { id: tid, pmap: id, regions: BTreeMap::new(), threads: 0, alive: true, next_vpn: USER_BASE_VPN, vm_lock });
+        w.tasks.push(Task {
+            id: tid,
+            pmap: id,
+            regions: BTreeMap::new(),
+            threads: 0,
+            alive: true,
+            next_vpn: USER_BASE_VPN,
+            vm_lock,
+        });
         tid
     }
 
@@ -108,7 +128,12 @@ impl Sim {
     }
 
     /// A new runnable thread in `task`.
-    pub fn spawn_thread(&self, task: TaskId, program: Box<dyn Program>, affinity: Option<CpuId>) -> ThreadId {
+    pub fn spawn_thread(
+        &self,
+        task: TaskId,
+        program: Box<dyn Program>,
+        affinity: Option<CpuId>,
+    ) -> ThreadId {
         let id = {
             let mut w = self.w();
             let id = ThreadId(w.threads.len() as u32);
@@ -136,7 +161,11 @@ impl Sim {
 
     fn new_object(&self, backing: Option<u32>) -> u32 {
         let mut w = self.w();
-        w.objects.push(VmObject { pages: BTreeMap::new(), backing, refs: 1 });
+        w.objects.push(VmObject {
+            pages: BTreeMap::new(),
+            backing,
+            refs: 1,
+        });
         w.objects.len() as u32 - 1
     }
 
@@ -179,7 +208,11 @@ impl Sim {
     fn region_of(&self, task: TaskId, vpn: u64) -> Option<Region> {
         let w = self.w();
         let t = &w.tasks[task.0 as usize];
-        t.regions.range(..=vpn).next_back().map(|(_, r)| r.clone()).filter(|r| vpn < r.start + r.pages)
+        t.regions
+            .range(..=vpn)
+            .next_back()
+            .map(|(_, r)| r.clone())
+            .filter(|r| vpn < r.start + r.pages)
     }
 
     /// The page-fault handler: resolves the fault or marks the thread with
@@ -212,9 +245,15 @@ impl Sim {
         {
             let mut w = self.w();
             let asid = w.pmaps[pmap.0 as usize].asid;
-            w.cpus[cpu.index()].tlb.invalidate_page(Vpn(vpn), Some(asid));
+            w.cpus[cpu.index()]
+                .tlb
+                .invalidate_page(Vpn(vpn), Some(asid));
         }
-        let region = if va >= KERNEL_BASE { None } else { self.region_of(task, vpn) };
+        let region = if va >= KERNEL_BASE {
+            None
+        } else {
+            self.region_of(task, vpn)
+        };
         let Some(region) = region.filter(|r| prot_rank(r.prot) >= if store { 2 } else { 1 }) else {
             self.count("vm.segv", 1);
             let mut w = self.w();
@@ -227,8 +266,14 @@ impl Sim {
         let (pfn, top) = match self.lookup_page(region.object, idx) {
             Some(found) => found,
             None => {
-                let pfn = self.w().mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                self.w().objects[region.object as usize].pages.insert(idx, pfn);
+                let pfn = self
+                    .w()
+                    .mem
+                    .alloc_data()
+                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                self.w().objects[region.object as usize]
+                    .pages
+                    .insert(idx, pfn);
                 self.count("vm.zero_fills", 1);
                 self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
                 (pfn, true)
@@ -240,7 +285,10 @@ impl Sim {
             // changes), then enter the copy.
             let new = {
                 let mut w = self.w();
-                let new = w.mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                let new = w
+                    .mem
+                    .alloc_data()
+                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
                 w.mem.copy_data(pfn, new);
                 w.objects[region.object as usize].pages.insert(idx, new);
                 new
@@ -251,7 +299,17 @@ impl Sim {
             if mapped {
                 self.begin_op(cpu, "cow break");
                 let p = self.protocol();
-                p.update(self, cpu, Update { pmap, start: Vpn(vpn), pages: 1, change: Change::Remove }).await;
+                p.update(
+                    self,
+                    cpu,
+                    Update {
+                        pmap,
+                        start: Vpn(vpn),
+                        pages: 1,
+                        change: Change::Remove,
+                    },
+                )
+                .await;
                 self.end_op(cpu);
             }
             (new, true)
@@ -267,11 +325,19 @@ impl Sim {
     fn split_at(&self, task: TaskId, at: u64) {
         let mut w = self.w();
         let t = &mut w.tasks[task.0 as usize];
-        let Some(r) = t.regions.range(..at).next_back().map(|(_, r)| r.clone()) else { return };
+        let Some(r) = t.regions.range(..at).next_back().map(|(_, r)| r.clone()) else {
+            return;
+        };
         if r.start < at && at < r.start + r.pages {
             let first = r.pages - (r.start + r.pages - at);
             t.regions.get_mut(&r.start).expect("present").pages = first;
-            let second = Region { start: at, pages: r.pages - first, prot: r.prot, object: r.object, offset: r.offset + first };
+            let second = Region {
+                start: at,
+                pages: r.pages - first,
+                prot: r.prot,
+                object: r.object,
+                offset: r.offset + first,
+            };
             t.regions.insert(at, second);
             w.objects[r.object as usize].refs += 1;
         }
@@ -282,7 +348,11 @@ impl Sim {
         self.split_at(task, start);
         self.split_at(task, start + pages);
         let w = self.w();
-        w.tasks[task.0 as usize].regions.range(start..start + pages).map(|(_, r)| r.clone()).collect()
+        w.tasks[task.0 as usize]
+            .regions
+            .range(start..start + pages)
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     pub(crate) async fn syscall(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
@@ -305,7 +375,16 @@ impl Sim {
                 let t = &mut w.tasks[task.0 as usize];
                 let start = t.next_vpn;
                 t.next_vpn += pages + 1; // a guard page between mappings
-                t.regions.insert(start, Region { start, pages, prot, object: obj, offset: 0 });
+                t.regions.insert(
+                    start,
+                    Region {
+                        start,
+                        pages,
+                        prot,
+                        object: obj,
+                        offset: 0,
+                    },
+                );
                 start << PAGE_SHIFT
             }
             Syscall::Munmap { va, pages } => {
@@ -313,7 +392,17 @@ impl Sim {
                 let regions = self.regions_in(task, start, pages);
                 self.begin_op(cpu, "munmap");
                 let p = self.protocol();
-                p.update(self, cpu, Update { pmap, start: Vpn(start), pages, change: Change::Remove }).await;
+                p.update(
+                    self,
+                    cpu,
+                    Update {
+                        pmap,
+                        start: Vpn(start),
+                        pages,
+                        change: Change::Remove,
+                    },
+                )
+                .await;
                 self.end_op(cpu);
                 for r in regions {
                     self.w().tasks[task.0 as usize].regions.remove(&r.start);
@@ -329,15 +418,36 @@ impl Sim {
                 {
                     let mut w = self.w();
                     for r in &regions {
-                        w.tasks[task.0 as usize].regions.get_mut(&r.start).expect("present").prot = prot;
+                        w.tasks[task.0 as usize]
+                            .regions
+                            .get_mut(&r.start)
+                            .expect("present")
+                            .prot = prot;
                     }
                 }
                 if reduces {
-                    let change = if prot == Prot::None { Change::Remove } else { Change::ReadOnly };
+                    let change = if prot == Prot::None {
+                        Change::Remove
+                    } else {
+                        Change::ReadOnly
+                    };
                     self.begin_op(cpu, "mprotect");
                     let p = self.protocol();
-                    for r in regions.iter().filter(|r| prot_rank(prot) < prot_rank(r.prot)) {
-                        p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change }).await;
+                    for r in regions
+                        .iter()
+                        .filter(|r| prot_rank(prot) < prot_rank(r.prot))
+                    {
+                        p.update(
+                            self,
+                            cpu,
+                            Update {
+                                pmap,
+                                start: Vpn(r.start),
+                                pages: r.pages,
+                                change,
+                            },
+                        )
+                        .await;
                     }
                     self.end_op(cpu);
                 }
@@ -345,15 +455,29 @@ impl Sim {
             }
             Syscall::Fork { child } => {
                 let child_task = self.create_task();
-                let parent_regions: Vec<Region> = self.w().tasks[task.0 as usize].regions.values().cloned().collect();
+                let parent_regions: Vec<Region> = self.w().tasks[task.0 as usize]
+                    .regions
+                    .values()
+                    .cloned()
+                    .collect();
                 for r in &parent_regions {
                     let orig = r.object;
                     let p_obj = self.new_object(Some(orig));
                     let c_obj = self.new_object(Some(orig));
                     let mut w = self.w();
                     w.objects[orig as usize].refs += 1;
-                    w.tasks[task.0 as usize].regions.get_mut(&r.start).expect("present").object = p_obj;
-                    w.tasks[child_task.0 as usize].regions.insert(r.start, Region { object: c_obj, ..r.clone() });
+                    w.tasks[task.0 as usize]
+                        .regions
+                        .get_mut(&r.start)
+                        .expect("present")
+                        .object = p_obj;
+                    w.tasks[child_task.0 as usize].regions.insert(
+                        r.start,
+                        Region {
+                            object: c_obj,
+                            ..r.clone()
+                        },
+                    );
                 }
                 let next = self.w().tasks[task.0 as usize].next_vpn;
                 self.w().tasks[child_task.0 as usize].next_vpn = next;
@@ -362,8 +486,17 @@ impl Sim {
                 self.begin_op(cpu, "fork");
                 let p = self.protocol();
                 for r in parent_regions.iter().filter(|r| r.prot == Prot::ReadWrite) {
-                    p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change: Change::ReadOnly })
-                        .await;
+                    p.update(
+                        self,
+                        cpu,
+                        Update {
+                            pmap,
+                            start: Vpn(r.start),
+                            pages: r.pages,
+                            change: Change::ReadOnly,
+                        },
+                    )
+                    .await;
                 }
                 self.end_op(cpu);
                 self.count("vm.forks", 1);
@@ -378,9 +511,14 @@ impl Sim {
                     s
                 };
                 for i in 0..pages {
-                    let pfn = self.w().mem.alloc_data().unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    let pfn = self
+                        .w()
+                        .mem
+                        .alloc_data()
+                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
                     let p = self.protocol();
-                    p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true).await;
+                    p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+                        .await;
                 }
                 self.count("vm.kmem_allocs", 1);
                 start << PAGE_SHIFT
@@ -389,11 +527,25 @@ impl Sim {
                 let start = va >> PAGE_SHIFT;
                 let frames: Vec<Pfn> = {
                     let w = self.w();
-                    (start..start + pages).map(|v| w.pte(KERNEL_PMAP, Vpn(v))).filter(|p| p.present()).map(|p| p.pfn()).collect()
+                    (start..start + pages)
+                        .map(|v| w.pte(KERNEL_PMAP, Vpn(v)))
+                        .filter(|p| p.present())
+                        .map(|p| p.pfn())
+                        .collect()
                 };
                 self.begin_op(cpu, "kmem free");
                 let p = self.protocol();
-                p.update(self, cpu, Update { pmap: KERNEL_PMAP, start: Vpn(start), pages, change: Change::Remove }).await;
+                p.update(
+                    self,
+                    cpu,
+                    Update {
+                        pmap: KERNEL_PMAP,
+                        start: Vpn(start),
+                        pages,
+                        change: Change::Remove,
+                    },
+                )
+                .await;
                 self.end_op(cpu);
                 let mut w = self.w();
                 for f in frames {
@@ -401,7 +553,9 @@ impl Sim {
                 }
                 0
             }
-            Syscall::ThreadCreate { program, cpu: on } => self.spawn_thread(task, program, on).0 as u64,
+            Syscall::ThreadCreate { program, cpu: on } => {
+                self.spawn_thread(task, program, on).0 as u64
+            }
             Syscall::Migrate { cpu: to } => {
                 {
                     let mut w = self.w();
@@ -426,7 +580,11 @@ impl Sim {
         if w.objects[obj as usize].refs != 1 {
             return;
         }
-        let idxs: Vec<u64> = w.objects[obj as usize].pages.range(offset..offset + pages).map(|(&i, _)| i).collect();
+        let idxs: Vec<u64> = w.objects[obj as usize]
+            .pages
+            .range(offset..offset + pages)
+            .map(|(&i, _)| i)
+            .collect();
         for i in idxs {
             let pfn = w.objects[obj as usize].pages.remove(&i).expect("present");
             w.mem.free(pfn);
@@ -469,10 +627,22 @@ impl Sim {
         if loaded {
             p.deactivate(self, cpu, pmap).await;
         }
-        let regions: Vec<Region> = std::mem::take(&mut self.w().tasks[task.0 as usize].regions).into_values().collect();
+        let regions: Vec<Region> = std::mem::take(&mut self.w().tasks[task.0 as usize].regions)
+            .into_values()
+            .collect();
         self.begin_op(cpu, "task exit");
         for r in &regions {
-            p.update(self, cpu, Update { pmap, start: Vpn(r.start), pages: r.pages, change: Change::Remove }).await;
+            p.update(
+                self,
+                cpu,
+                Update {
+                    pmap,
+                    start: Vpn(r.start),
+                    pages: r.pages,
+                    change: Change::Remove,
+                },
+            )
+            .await;
         }
         self.end_op(cpu);
         for r in regions {

@@ -17,7 +17,7 @@ pub mod physmem;
 pub mod tlb;
 
 pub use ids::{Asid, CpuId, Pfn, Vpn};
-pub use oracle::{Oracle, OpId, Rights, UseCheck};
-pub use pagetable::{Pte, PtFormat};
+pub use oracle::{OpId, Oracle, Rights, UseCheck};
+pub use pagetable::{PtFormat, Pte};
 pub use physmem::PhysMem;
 pub use tlb::{Policy, Tlb, TlbConfig, TlbEntry};

@@ -41,11 +41,11 @@ impl Hasher for FixedHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7cc1_b727_220a_95);
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7cc1_b727_220a_95);
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
     fn write_u32(&mut self, n: u32) {
         self.write_u64(n as u64)
@@ -63,18 +63,28 @@ pub struct Rights {
 }
 
 impl Rights {
-    pub const NONE: Rights = Rights { present: false, writable: false, modified: false, pfn: Pfn(0) };
+    pub const NONE: Rights = Rights {
+        present: false,
+        writable: false,
+        modified: false,
+        pfn: Pfn(0),
+    };
 
     /// True when `new` takes away something `self` granted.
     pub fn reduced_by(&self, new: &Rights) -> bool {
         self.present
-            && (!new.present || new.pfn != self.pfn || (self.writable && !new.writable) || (self.modified && !new.modified))
+            && (!new.present
+                || new.pfn != self.pfn
+                || (self.writable && !new.writable)
+                || (self.modified && !new.modified))
     }
 }
 
 /// An operation that may reduce rights (an mprotect, an unmap, a COW break,
 /// a kernel free…), identified for reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct OpId(pub u32);
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -179,7 +189,14 @@ impl Oracle {
     }
 
     pub fn begin_op(&mut self, what: impl Into<String>, cpu: CpuId, now: Cycles) -> OpId {
-        self.ops.push(OpRecord { what: what.into(), cpu, started: now, completed: None, lazy: false, reduced: Vec::new() });
+        self.ops.push(OpRecord {
+            what: what.into(),
+            cpu,
+            started: now,
+            completed: None,
+            lazy: false,
+            reduced: Vec::new(),
+        });
         OpId(self.ops.len() as u32 - 1)
     }
 
@@ -197,9 +214,19 @@ impl Oracle {
     pub fn record_pte(&mut self, slot: u32, new: Rights, op: Option<OpId>) {
         let s = &mut self.slots[slot as usize];
         if s.rights.reduced_by(&new) {
-            let op = op.unwrap_or_else(|| panic!("rights of {} in space {} reduced outside any operation", s.vpn, s.space));
+            let op = op.unwrap_or_else(|| {
+                panic!(
+                    "rights of {} in space {} reduced outside any operation",
+                    s.vpn, s.space
+                )
+            });
             let rec = &mut self.ops[op.0 as usize];
-            assert!(rec.completed.is_none(), "operation {:?} ({}) reduced rights after it completed", op, rec.what);
+            assert!(
+                rec.completed.is_none(),
+                "operation {:?} ({}) reduced rights after it completed",
+                op,
+                rec.what
+            );
             s.epoch += 1;
             s.last_op = op;
             rec.reduced.push((slot, s.epoch));
@@ -229,15 +256,25 @@ impl Oracle {
     /// Checks one use of a TLB entry (hot path: one slot read when nothing
     /// was reduced since the fill).
     #[inline]
-    pub fn check_use(&mut self, slot: u32, fill_epoch: u32, pfn: Pfn, dirty: bool, store: bool, ctx: UseCtx) -> UseCheck {
+    pub fn check_use(
+        &mut self,
+        slot: u32,
+        fill_epoch: u32,
+        pfn: Pfn,
+        dirty: bool,
+        store: bool,
+        ctx: UseCtx,
+    ) -> UseCheck {
         self.checked_uses += 1;
         let s = &self.slots[slot as usize];
         if fill_epoch >= s.epoch {
             return UseCheck::Ok;
         }
         let now = s.rights;
-        let exceeds =
-            !now.present || now.pfn != pfn || (store && !now.writable) || (store && dirty && !now.modified);
+        let exceeds = !now.present
+            || now.pfn != pfn
+            || (store && !now.writable)
+            || (store && dirty && !now.modified);
         if !exceeds {
             return UseCheck::Ok;
         }
@@ -278,7 +315,11 @@ impl Oracle {
     pub fn report(&self) -> OracleReport {
         OracleReport {
             violations: self.violations,
-            verdict: if self.violations == 0 { "consistent".into() } else { "inconsistent".into() },
+            verdict: if self.violations == 0 {
+                "consistent".into()
+            } else {
+                "inconsistent".into()
+            },
             checked_uses: self.checked_uses,
             stale_uses_in_window: self.stale_pending,
             use_after_free: self.use_after_free,
@@ -312,7 +353,11 @@ impl OracleReport {
                 self.first.push(v.clone());
             }
         }
-        self.verdict = if self.violations == 0 { "consistent".into() } else { "inconsistent".into() };
+        self.verdict = if self.violations == 0 {
+            "consistent".into()
+        } else {
+            "inconsistent".into()
+        };
     }
 }
 
@@ -321,10 +366,20 @@ mod tests {
     use super::*;
 
     fn rw(pfn: u64) -> Rights {
-        Rights { present: true, writable: true, modified: true, pfn: Pfn(pfn) }
+        Rights {
+            present: true,
+            writable: true,
+            modified: true,
+            pfn: Pfn(pfn),
+        }
     }
     fn ctx(t: u64) -> UseCtx {
-        UseCtx { cpu: CpuId(1), thread: 2, va: 0x1000, time: Cycles(t) }
+        UseCtx {
+            cpu: CpuId(1),
+            thread: 2,
+            va: 0x1000,
+            time: Cycles(t),
+        }
     }
 
     #[test]
@@ -334,24 +389,54 @@ mod tests {
         o.record_pte(s, rw(5), None);
         let fill = o.epoch(s);
         let op = o.begin_op("mprotect", CpuId(0), Cycles(10));
-        o.record_pte(s, Rights { writable: false, ..rw(5) }, Some(op));
-        assert_eq!(o.check_use(s, fill, Pfn(5), true, true, ctx(11)), UseCheck::StalePending);
-        assert_eq!(o.check_use(s, fill, Pfn(5), true, false, ctx(11)), UseCheck::Ok, "loads stay legal");
+        o.record_pte(
+            s,
+            Rights {
+                writable: false,
+                ..rw(5)
+            },
+            Some(op),
+        );
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), true, true, ctx(11)),
+            UseCheck::StalePending
+        );
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), true, false, ctx(11)),
+            UseCheck::Ok,
+            "loads stay legal"
+        );
         o.complete(op, Cycles(20));
-        assert_eq!(o.check_use(s, fill, Pfn(5), true, true, ctx(21)), UseCheck::Violation);
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), true, true, ctx(21)),
+            UseCheck::Violation
+        );
         assert_eq!(o.violations, 1);
         let v = &o.first_violations()[0];
-        assert_eq!((v.op.as_str(), v.time, v.store), ("mprotect", Cycles(21), true));
+        assert_eq!(
+            (v.op.as_str(), v.time, v.store),
+            ("mprotect", Cycles(21), true)
+        );
         // A refill after the reduction is current.
         let fresh = o.epoch(s);
-        assert_eq!(o.check_use(s, fresh, Pfn(5), false, false, ctx(22)), UseCheck::Ok);
+        assert_eq!(
+            o.check_use(s, fresh, Pfn(5), false, false, ctx(22)),
+            UseCheck::Ok
+        );
     }
 
     #[test]
     fn rights_increase_is_not_a_reduction() {
         let mut o = Oracle::new();
         let s = o.slot(1, Vpn(1));
-        o.record_pte(s, Rights { writable: false, ..rw(5) }, None);
+        o.record_pte(
+            s,
+            Rights {
+                writable: false,
+                ..rw(5)
+            },
+            None,
+        );
         o.record_pte(s, rw(5), None);
         assert_eq!(o.epoch(s), 0);
     }
@@ -372,10 +457,24 @@ mod tests {
         o.record_pte(s, rw(5), None);
         let fill = o.epoch(s);
         let op = o.begin_op("clear modify", CpuId(0), Cycles(1));
-        o.record_pte(s, Rights { modified: false, ..rw(5) }, Some(op));
+        o.record_pte(
+            s,
+            Rights {
+                modified: false,
+                ..rw(5)
+            },
+            Some(op),
+        );
         o.complete(op, Cycles(2));
-        assert_eq!(o.check_use(s, fill, Pfn(5), false, true, ctx(3)), UseCheck::Ok, "clean entry re-walks");
-        assert_eq!(o.check_use(s, fill, Pfn(5), true, true, ctx(3)), UseCheck::Violation);
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), false, true, ctx(3)),
+            UseCheck::Ok,
+            "clean entry re-walks"
+        );
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), true, true, ctx(3)),
+            UseCheck::Violation
+        );
     }
 
     #[test]
@@ -387,9 +486,15 @@ mod tests {
         let op = o.begin_op("kmem free", CpuId(0), Cycles(1));
         o.set_lazy(op);
         o.record_pte(s, Rights::NONE, Some(op));
-        assert_eq!(o.check_use(s, fill, Pfn(5), false, false, ctx(2)), UseCheck::UseAfterFree);
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), false, false, ctx(2)),
+            UseCheck::UseAfterFree
+        );
         o.complete(op, Cycles(3));
-        assert_eq!(o.check_use(s, fill, Pfn(5), false, false, ctx(4)), UseCheck::Violation);
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), false, false, ctx(4)),
+            UseCheck::Violation
+        );
         assert_eq!(o.use_after_free, 1);
     }
 
@@ -400,10 +505,20 @@ mod tests {
         o.record_pte(s, rw(5), None);
         let fill = o.epoch(s);
         let a = o.begin_op("mprotect", CpuId(0), Cycles(1));
-        o.record_pte(s, Rights { writable: false, ..rw(5) }, Some(a));
+        o.record_pte(
+            s,
+            Rights {
+                writable: false,
+                ..rw(5)
+            },
+            Some(a),
+        );
         o.complete(a, Cycles(2));
         let b = o.begin_op("munmap", CpuId(0), Cycles(3));
         o.record_pte(s, Rights::NONE, Some(b));
-        assert_eq!(o.check_use(s, fill, Pfn(5), false, true, ctx(4)), UseCheck::Violation);
+        assert_eq!(
+            o.check_use(s, fill, Pfn(5), false, true, ctx(4)),
+            UseCheck::Violation
+        );
     }
 }

@@ -147,7 +147,14 @@ pub fn walk(mem: &PhysMem, fmt: PtFormat, root: Pfn, vpn: Vpn) -> Walk {
         let pte = Pte(mem.table(table)[index]);
         let last = level + 1 == fmt.levels();
         if last || !pte.present() {
-            return Walk { pte, table, index, pte_pa: fmt.pte_pa(table, index), levels_read: level as u32 + 1, leaf: last };
+            return Walk {
+                pte,
+                table,
+                index,
+                pte_pa: fmt.pte_pa(table, index),
+                levels_read: level as u32 + 1,
+                leaf: last,
+            };
         }
         table = pte.pfn();
     }
@@ -199,9 +206,14 @@ mod tests {
             let (mut m, root) = setup(fmt);
             let vpn = Vpn((1 << (fmt.vpn_bits() - 1)) + 0x1234);
             let w = walk(&m, fmt, root, vpn);
-            assert!(!w.pte.present() && !w.leaf && w.levels_read == 1, "{fmt:?}: empty root");
+            assert!(
+                !w.pte.present() && !w.leaf && w.levels_read == 1,
+                "{fmt:?}: empty root"
+            );
             let mut tables = Vec::new();
-            let (t, i) = leaf_slot(&mut m, fmt, root, vpn, true, &mut tables).unwrap().unwrap();
+            let (t, i) = leaf_slot(&mut m, fmt, root, vpn, true, &mut tables)
+                .unwrap()
+                .unwrap();
             assert_eq!(tables.len(), fmt.levels() - 1);
             let data = m.alloc_data().unwrap();
             m.table_mut(t)[i] = Pte::new(data, true, true).0;

@@ -34,10 +34,19 @@ pub struct OutOfMemory {
 impl PhysMem {
     /// `limit` is the number of frames physical memory has.
     pub fn new(page_size: u64, limit: u64) -> PhysMem {
-        assert!(page_size.is_power_of_two() && page_size >= 512, "page size {page_size}");
+        assert!(
+            page_size.is_power_of_two() && page_size >= 512,
+            "page size {page_size}"
+        );
         // Frame 0 is never handed out so that a zero PTE can never name a
         // valid frame by accident.
-        PhysMem { page_size, frames: vec![Frame::Free], free: Vec::new(), limit, allocations: 0 }
+        PhysMem {
+            page_size,
+            frames: vec![Frame::Free],
+            free: Vec::new(),
+            limit,
+            allocations: 0,
+        }
     }
 
     pub fn page_size(&self) -> u64 {

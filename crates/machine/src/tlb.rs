@@ -42,7 +42,12 @@ pub struct TlbConfig {
 
 impl Default for TlbConfig {
     fn default() -> Self {
-        TlbConfig { entries: 64, ways: 64, policy: Policy::Lru, asid: false }
+        TlbConfig {
+            entries: 64,
+            ways: 64,
+            policy: Policy::Lru,
+            asid: false,
+        }
     }
 }
 
@@ -68,12 +73,17 @@ impl TlbConfig {
                 self.ways, self.entries
             ));
         }
-        if self.entries % self.ways != 0 {
-            return Err(format!("{prefix}.ways: {} entries do not divide into {}-way sets", self.entries, self.ways));
+        if !self.entries.is_multiple_of(self.ways) {
+            return Err(format!(
+                "{prefix}.ways: {} entries do not divide into {}-way sets",
+                self.entries, self.ways
+            ));
         }
         let sets = self.entries / self.ways;
         if !sets.is_power_of_two() {
-            return Err(format!("{prefix}.entries: entries / ways = {sets} sets, which is not a power of two"));
+            return Err(format!(
+                "{prefix}.entries: entries / ways = {sets} sets, which is not a power of two"
+            ));
         }
         Ok(())
     }
@@ -164,10 +174,14 @@ impl Tlb {
         let h = (vpn.0 & self.hint_mask) as usize;
         let guess = self.hint[h] as usize;
         let set_base = ((vpn.0 & self.set_mask) as usize) * self.ways;
-        let found = if guess >= set_base && guess < set_base + self.ways && Self::matches(&self.slots[guess], vpn, asid) {
+        let found = if guess >= set_base
+            && guess < set_base + self.ways
+            && Self::matches(&self.slots[guess], vpn, asid)
+        {
             Some(guess)
         } else {
-            let f = (set_base..set_base + self.ways).find(|&i| Self::matches(&self.slots[i], vpn, asid));
+            let f = (set_base..set_base + self.ways)
+                .find(|&i| Self::matches(&self.slots[i], vpn, asid));
             if let Some(i) = f {
                 self.hint[h] = i as u32;
             }
@@ -213,18 +227,27 @@ impl Tlb {
         e.asid = self.tag_asid(e.asid);
         let set_base = ((e.vpn.0 & self.set_mask) as usize) * self.ways;
         let set = set_base..set_base + self.ways;
-        let slot = if let Some(i) = set.clone().find(|&i| Self::matches(&self.slots[i], e.vpn, e.asid)) {
+        let slot = if let Some(i) = set
+            .clone()
+            .find(|&i| Self::matches(&self.slots[i], e.vpn, e.asid))
+        {
             i
         } else if let Some(i) = set.clone().find(|&i| !self.slots[i].valid) {
             i
         } else {
             match self.cfg.policy {
                 Policy::Random => set_base + self.rng.below(self.ways as u64) as usize,
-                Policy::Fifo | Policy::Lru => set.min_by_key(|&i| (self.stamp[i], i)).expect("non-empty set"),
+                Policy::Fifo | Policy::Lru => set
+                    .min_by_key(|&i| (self.stamp[i], i))
+                    .expect("non-empty set"),
             }
         };
         let old = self.slots[slot];
-        let victim = if old.valid && !(old.vpn == e.vpn && old.asid == e.asid) { Some(old) } else { None };
+        let victim = if old.valid && !(old.vpn == e.vpn && old.asid == e.asid) {
+            Some(old)
+        } else {
+            None
+        };
         self.slots[slot] = e;
         self.clock += 1;
         self.stamp[slot] = self.clock;
@@ -308,11 +331,23 @@ mod tests {
     use std::collections::VecDeque;
 
     fn tlb(entries: usize, ways: usize, policy: Policy) -> Tlb {
-        Tlb::new(&TlbConfig { entries, ways, policy, asid: false }, SimRng::new(1, "tlb"))
+        Tlb::new(
+            &TlbConfig {
+                entries,
+                ways,
+                policy,
+                asid: false,
+            },
+            SimRng::new(1, "tlb"),
+        )
     }
 
     fn fill(t: &mut Tlb, vpn: u64) {
-        t.insert(TlbEntry { vpn: Vpn(vpn), pfn: Pfn(vpn + 100), ..Default::default() });
+        t.insert(TlbEntry {
+            vpn: Vpn(vpn),
+            pfn: Pfn(vpn + 100),
+            ..Default::default()
+        });
     }
 
     /// Reference model of one set: a list ordered by replacement priority.
@@ -380,7 +415,10 @@ mod tests {
         fill(&mut t, 1);
         fill(&mut t, 2);
         assert!(t.lookup(Vpn(1), Asid(0)).is_some());
-        let (_, victim) = t.insert(TlbEntry { vpn: Vpn(3), ..Default::default() });
+        let (_, victim) = t.insert(TlbEntry {
+            vpn: Vpn(3),
+            ..Default::default()
+        });
         assert_eq!(victim.unwrap().vpn, Vpn(1));
     }
 
@@ -390,15 +428,35 @@ mod tests {
         fill(&mut t, 1);
         fill(&mut t, 2);
         assert!(t.lookup(Vpn(1), Asid(0)).is_some());
-        let (_, victim) = t.insert(TlbEntry { vpn: Vpn(3), ..Default::default() });
+        let (_, victim) = t.insert(TlbEntry {
+            vpn: Vpn(3),
+            ..Default::default()
+        });
         assert_eq!(victim.unwrap().vpn, Vpn(2));
     }
 
     #[test]
     fn asid_tags_separate_spaces_and_globals_match_all() {
-        let mut t = Tlb::new(&TlbConfig { entries: 8, ways: 8, policy: Policy::Lru, asid: true }, SimRng::new(1, "t"));
-        t.insert(TlbEntry { vpn: Vpn(5), asid: Asid(1), ..Default::default() });
-        t.insert(TlbEntry { vpn: Vpn(9), asid: Asid(1), global: true, ..Default::default() });
+        let mut t = Tlb::new(
+            &TlbConfig {
+                entries: 8,
+                ways: 8,
+                policy: Policy::Lru,
+                asid: true,
+            },
+            SimRng::new(1, "t"),
+        );
+        t.insert(TlbEntry {
+            vpn: Vpn(5),
+            asid: Asid(1),
+            ..Default::default()
+        });
+        t.insert(TlbEntry {
+            vpn: Vpn(9),
+            asid: Asid(1),
+            global: true,
+            ..Default::default()
+        });
         assert!(t.lookup(Vpn(5), Asid(2)).is_none());
         assert!(t.lookup(Vpn(5), Asid(1)).is_some());
         assert!(t.lookup(Vpn(9), Asid(2)).is_some());
@@ -411,19 +469,51 @@ mod tests {
     #[test]
     fn invalidate_page_and_pte_block() {
         let mut t = tlb(8, 2, Policy::Lru);
-        t.insert(TlbEntry { vpn: Vpn(1), pte_pa: 0x1008, ..Default::default() });
-        t.insert(TlbEntry { vpn: Vpn(2), pte_pa: 0x1010, ..Default::default() });
-        t.insert(TlbEntry { vpn: Vpn(3), pte_pa: 0x2000, ..Default::default() });
+        t.insert(TlbEntry {
+            vpn: Vpn(1),
+            pte_pa: 0x1008,
+            ..Default::default()
+        });
+        t.insert(TlbEntry {
+            vpn: Vpn(2),
+            pte_pa: 0x1010,
+            ..Default::default()
+        });
+        t.insert(TlbEntry {
+            vpn: Vpn(3),
+            pte_pa: 0x2000,
+            ..Default::default()
+        });
         assert_eq!(t.invalidate_page(Vpn(3), None), 1);
-        assert_eq!(t.invalidate_pte_block(0x1000, 64), 2, "one block holds both PTEs");
+        assert_eq!(
+            t.invalidate_pte_block(0x1000, 64),
+            2,
+            "one block holds both PTEs"
+        );
         assert_eq!(t.valid_count(), 0);
     }
 
     #[test]
     fn geometry_errors_name_the_key() {
-        let c = TlbConfig { entries: 4, ways: 8, ..Default::default() };
-        assert!(c.validate("machine.tlb").unwrap_err().starts_with("machine.tlb.ways"));
-        let c = TlbConfig { entries: 12, ways: 4, ..Default::default() };
-        assert!(c.validate("machine.tlb").unwrap_err().starts_with("machine.tlb.entries"));
+        let c = TlbConfig {
+            entries: 4,
+            ways: 8,
+            ..Default::default()
+        };
+        assert!(
+            c.validate("machine.tlb")
+                .unwrap_err()
+                .starts_with("machine.tlb.ways")
+        );
+        let c = TlbConfig {
+            entries: 12,
+            ways: 4,
+            ..Default::default()
+        };
+        assert!(
+            c.validate("machine.tlb")
+                .unwrap_err()
+                .starts_with("machine.tlb.entries")
+        );
     }
 }

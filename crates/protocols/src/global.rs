@@ -30,7 +30,13 @@ pub struct Global {
 
 impl Global {
     pub fn new(_o: &ProtocolOptions, mutation: Mutation) -> Global {
-        Global { mutation, lock: Cell::new(None), round: Cell::new(0), stopped: Cell::new(0), released: Cell::new(0) }
+        Global {
+            mutation,
+            lock: Cell::new(None),
+            round: Cell::new(0),
+            stopped: Cell::new(0),
+            released: Cell::new(0),
+        }
     }
 }
 
@@ -56,7 +62,11 @@ impl Protocol for Global {
             let saved = sim.set_ipl(cpu, Ipl::ALL);
             let others: Vec<CpuId> = {
                 let w = sim.w();
-                w.cpus.iter().filter(|c| c.online && c.id != cpu).map(|c| c.id).collect()
+                w.cpus
+                    .iter()
+                    .filter(|c| c.online && c.id != cpu)
+                    .map(|c| c.id)
+                    .collect()
             };
             self.round.set(self.round.get() + 1);
             self.stopped.set(0);
@@ -64,7 +74,10 @@ impl Protocol for Global {
                 sim.send_ipi(cpu, t, Irq::Shootdown).await;
             }
             let n = others.len();
-            sim.spin_until(cpu, "global: every CPU stopped", |_| self.stopped.get() == n).await;
+            sim.spin_until(cpu, "global: every CPU stopped", |_| {
+                self.stopped.get() == n
+            })
+            .await;
             sim.record("shootdown.initiator_cycles", (sim.now() - start).0 as f64);
             sim.count("shootdown.count", 1);
             let edit = sim.w().pt_apply(cpu, &u);
@@ -83,7 +96,10 @@ impl Protocol for Global {
             let start = sim.now();
             let round = self.round.get();
             self.stopped.set(self.stopped.get() + 1);
-            sim.spin_until(cpu, "global: initiator done", |_| self.released.get() >= round).await;
+            sim.spin_until(cpu, "global: initiator done", |_| {
+                self.released.get() >= round
+            })
+            .await;
             if self.mutation == Mutation::None {
                 let f = sim.tlb_flush(cpu);
                 sim.delay(cpu, f).await;

@@ -34,7 +34,11 @@ pub struct ProtocolOptions {
 
 impl Default for ProtocolOptions {
     fn default() -> Self {
-        ProtocolOptions { lazy: true, flush_threshold: 8, action_queue: 4 }
+        ProtocolOptions {
+            lazy: true,
+            flush_threshold: 8,
+            action_queue: 4,
+        }
     }
 }
 

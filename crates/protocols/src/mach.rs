@@ -67,7 +67,12 @@ pub struct Mach {
 
 impl Mach {
     pub fn new(opts: &ProtocolOptions, mutation: Mutation) -> Mach {
-        Mach { opts: opts.clone(), mutation, cpus: RefCell::new(Vec::new()), action_locks: RefCell::new(Vec::new()) }
+        Mach {
+            opts: opts.clone(),
+            mutation,
+            cpus: RefCell::new(Vec::new()),
+            action_locks: RefCell::new(Vec::new()),
+        }
     }
 
     fn action_lock(&self, c: CpuId) -> usize {
@@ -88,7 +93,8 @@ impl Mach {
             }
             let user = sim.w().cpus[me.index()].pmap;
             sim.spin_until(me, "mach responder: pmaps unlocked", |w| {
-                w.pmaps[KERNEL_PMAP.0 as usize].lock.is_none() && user.is_none_or(|p| w.pmaps[p.0 as usize].lock.is_none())
+                w.pmaps[KERNEL_PMAP.0 as usize].lock.is_none()
+                    && user.is_none_or(|p| w.pmaps[p.0 as usize].lock.is_none())
             })
             .await;
             kernel |= self.process_actions(sim, me).await;
@@ -96,7 +102,10 @@ impl Mach {
         }
         let _ = costs;
         let kind = if kernel { "kernel" } else { "user" };
-        sim.record(&format!("shootdown.{kind}.responder_cycles"), (sim.now() - start).0 as f64);
+        sim.record(
+            &format!("shootdown.{kind}.responder_cycles"),
+            (sim.now() - start).0 as f64,
+        );
     }
 
     /// Processes the queued actions; returns whether any was on the kernel
@@ -108,7 +117,10 @@ impl Mach {
             let mut cpus = self.cpus.borrow_mut();
             let pc = &mut cpus[me.index()];
             pc.action_needed = false;
-            (std::mem::take(&mut pc.queue), std::mem::take(&mut pc.overflow))
+            (
+                std::mem::take(&mut pc.queue),
+                std::mem::take(&mut pc.overflow),
+            )
         };
         let costs = sim.costs();
         let mut cost = Cycles(costs.action_process_cycles * actions.len() as u64);
@@ -117,7 +129,13 @@ impl Mach {
             sim.count("mach.queue_overflow_flushes", 1);
         } else {
             for a in &actions {
-                cost += sim.tlb_invalidate_range(me, a.pmap, a.start, a.pages, self.opts.flush_threshold);
+                cost += sim.tlb_invalidate_range(
+                    me,
+                    a.pmap,
+                    a.start,
+                    a.pages,
+                    self.opts.flush_threshold,
+                );
             }
         }
         sim.unlock(me, lock).await;
@@ -137,7 +155,12 @@ impl Protocol for Mach {
 
     fn init(&self, sim: &Sim) {
         let n = sim.w().cpus.len();
-        *self.cpus.borrow_mut() = (0..n).map(|_| PerCpu { active: true, ..Default::default() }).collect();
+        *self.cpus.borrow_mut() = (0..n)
+            .map(|_| PerCpu {
+                active: true,
+                ..Default::default()
+            })
+            .collect();
         *self.action_locks.borrow_mut() = (0..n).map(|_| sim.new_lock()).collect();
     }
 
@@ -158,18 +181,33 @@ impl Protocol for Mach {
             self.cpus.borrow_mut()[me.index()].active = false;
             sim.lock_pmap(me, u.pmap).await;
             sim.delay(me, Cycles(costs.lazy_check_cycles)).await;
-            let may_be_inconsistent = !self.opts.lazy || sim.w().any_mapped(u.pmap, u.start, u.pages);
-            let kind = if u.pmap == KERNEL_PMAP { "kernel" } else { "user" };
+            let may_be_inconsistent =
+                !self.opts.lazy || sim.w().any_mapped(u.pmap, u.start, u.pages);
+            let kind = if u.pmap == KERNEL_PMAP {
+                "kernel"
+            } else {
+                "user"
+            };
             if may_be_inconsistent {
                 let in_use_here = sim.w().pmaps[u.pmap.0 as usize].in_use.contains(me);
                 if in_use_here {
-                    let c = sim.tlb_invalidate_range(me, u.pmap, u.start, u.pages, self.opts.flush_threshold);
+                    let c = sim.tlb_invalidate_range(
+                        me,
+                        u.pmap,
+                        u.start,
+                        u.pages,
+                        self.opts.flush_threshold,
+                    );
                     sim.delay(me, c).await;
                 }
                 // Phase 1.
                 let users: Vec<CpuId> = {
                     let w = sim.w();
-                    w.pmaps[u.pmap.0 as usize].in_use.iter().filter(|&c| c != me && w.is_online(c)).collect()
+                    w.pmaps[u.pmap.0 as usize]
+                        .in_use
+                        .iter()
+                        .filter(|&c| c != me && w.is_online(c))
+                        .collect()
                 };
                 let mut wait_for = Vec::new();
                 let mut shoot = Vec::new();
@@ -182,7 +220,11 @@ impl Protocol for Mach {
                         if pc.queue.len() >= self.opts.action_queue {
                             pc.overflow = true;
                         } else {
-                            pc.queue.push(Action { pmap: u.pmap, start: u.start, pages: u.pages });
+                            pc.queue.push(Action {
+                                pmap: u.pmap,
+                                start: u.start,
+                                pages: u.pages,
+                            });
                         }
                         pc.action_needed = true;
                     }
@@ -211,21 +253,29 @@ impl Protocol for Mach {
                     for &c in &wait_for {
                         let pmap = u.pmap;
                         sim.spin_until(me, &format!("mach initiator: {c} to respond"), |w| {
-                            !self.cpus.borrow()[c.index()].active || !w.pmaps[pmap.0 as usize].in_use.contains(c)
+                            !self.cpus.borrow()[c.index()].active
+                                || !w.pmaps[pmap.0 as usize].in_use.contains(c)
                         })
                         .await;
                     }
                 }
                 sim.count(&format!("shootdown.{kind}.events"), 1);
-                sim.record(&format!("shootdown.{kind}.initiator_cycles"), (sim.now() - start).0 as f64);
-                sim.record(&format!("shootdown.{kind}.processors"), wait_for.len() as f64);
+                sim.record(
+                    &format!("shootdown.{kind}.initiator_cycles"),
+                    (sim.now() - start).0 as f64,
+                );
+                sim.record(
+                    &format!("shootdown.{kind}.processors"),
+                    wait_for.len() as f64,
+                );
                 sim.record(&format!("shootdown.{kind}.pages"), u.pages as f64);
             } else {
                 sim.count(&format!("mach.{kind}.lazy_skips"), 1);
             }
             // Phase 3.
             let edit = sim.w().pt_apply(me, &u);
-            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed)).await;
+            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
+                .await;
             sim.unlock_pmap(me, u.pmap).await;
             self.cpus.borrow_mut()[me.index()].active = true;
             sim.restore_ipl(me, saved).await;

@@ -24,12 +24,18 @@ fn sim(protocol: &str, cpus: usize) -> Sim {
         max_cycles: 1_000_000_000,
         disabled_windows: None,
     };
-    Sim::new(cfg, (find(protocol).unwrap().make)(&ProtocolOptions::default()))
+    Sim::new(
+        cfg,
+        (find(protocol).unwrap().make)(&ProtocolOptions::default()),
+    )
 }
 
 /// Runs a list of operations as one thread's program, recording the value
 /// of every load.
-fn script(ops: Vec<Box<dyn Fn(u64) -> Op>>, log: Rc<RefCell<Vec<u64>>>) -> Box<dyn mmulab_kernel::Program> {
+fn script(
+    ops: Vec<Box<dyn Fn(u64) -> Op>>,
+    log: Rc<RefCell<Vec<u64>>>,
+) -> Box<dyn mmulab_kernel::Program> {
     let mut i = 0;
     let mut base = 0;
     Box::new(FnProgram(move |ctx: &mut mmulab_kernel::ThreadCtx<'_>| {
@@ -39,7 +45,11 @@ fn script(ops: Vec<Box<dyn Fn(u64) -> Op>>, log: Rc<RefCell<Vec<u64>>>) -> Box<d
         if i > 0 {
             log.borrow_mut().push(ctx.last_load);
         }
-        let op = if i < ops.len() { (ops[i])(base) } else { Op::Exit };
+        let op = if i < ops.len() {
+            (ops[i])(base)
+        } else {
+            Op::Exit
+        };
         i += 1;
         op
     }))
@@ -51,7 +61,12 @@ fn walker_sets_reference_and_modify_bits() {
     let task = s.create_task();
     let log = Rc::new(RefCell::new(Vec::new()));
     let ops: Vec<Box<dyn Fn(u64) -> Op>> = vec![
-        Box::new(|_| Op::Syscall(Syscall::Mmap { pages: 2, prot: Prot::ReadWrite })),
+        Box::new(|_| {
+            Op::Syscall(Syscall::Mmap {
+                pages: 2,
+                prot: Prot::ReadWrite,
+            })
+        }),
         Box::new(|b| Op::Refs(Refs::one(b, RefKind::Load))),
         Box::new(|b| Op::Refs(Refs::one(b + 4096, RefKind::Store(5)))),
     ];
@@ -63,8 +78,14 @@ fn walker_sets_reference_and_modify_bits() {
     let pmap = w.tasks[task.0 as usize].pmap;
     let read = w.pte(pmap, Vpn(0x10000));
     let written = w.pte(pmap, Vpn(0x10001));
-    assert!(read.present() && read.referenced() && !read.modified(), "{read:?}");
-    assert!(written.present() && written.referenced() && written.modified(), "{written:?}");
+    assert!(
+        read.present() && read.referenced() && !read.modified(),
+        "{read:?}"
+    );
+    assert!(
+        written.present() && written.referenced() && written.modified(),
+        "{written:?}"
+    );
 }
 
 #[test]
@@ -75,7 +96,12 @@ fn fork_is_copy_on_write_for_both_sides() {
     let child_log = Rc::new(RefCell::new(Vec::new()));
     let child_log2 = child_log.clone();
     let ops: Vec<Box<dyn Fn(u64) -> Op>> = vec![
-        Box::new(|_| Op::Syscall(Syscall::Mmap { pages: 1, prot: Prot::ReadWrite })),
+        Box::new(|_| {
+            Op::Syscall(Syscall::Mmap {
+                pages: 1,
+                prot: Prot::ReadWrite,
+            })
+        }),
         Box::new(|b| Op::Refs(Refs::one(b, RefKind::Store(11)))),
         Box::new(move |b| {
             // The child reads, sleeps while the parent writes, reads again.
@@ -86,7 +112,9 @@ fn fork_is_copy_on_write_for_both_sides() {
                 Box::new(move |_| Op::Refs(Refs::one(b, RefKind::Load))),
                 Box::new(move |_| Op::Refs(Refs::one(b, RefKind::Store(33)))),
             ];
-            Op::Syscall(Syscall::Fork { child: script(child_ops, child_log2.clone()) })
+            Op::Syscall(Syscall::Fork {
+                child: script(child_ops, child_log2.clone()),
+            })
         }),
         Box::new(|b| Op::Refs(Refs::one(b, RefKind::Store(22)))),
         Box::new(|b| Op::Refs(Refs::one(b, RefKind::Load))),
@@ -97,13 +125,20 @@ fn fork_is_copy_on_write_for_both_sides() {
     s.boot();
     let r = s.run();
     assert_eq!(r.oracle.violations, 0);
-    assert!(r.counters.get("vm.cow_copies") >= 2, "both sides copied: {:?}", r.counters);
+    assert!(
+        r.counters.get("vm.cow_copies") >= 2,
+        "both sides copied: {:?}",
+        r.counters
+    );
     let p = parent_log.borrow();
     assert_eq!(p[4], 22, "parent sees its own write");
     assert_eq!(p[6], 22, "parent does not see the child's write: {p:?}");
     let c = child_log.borrow();
     assert_eq!(c[1], 11, "child sees the value at fork: {c:?}");
-    assert_eq!(c[3], 11, "child does not see the parent's later write: {c:?}");
+    assert_eq!(
+        c[3], 11,
+        "child does not see the parent's later write: {c:?}"
+    );
 }
 
 /// black89 §4: two initiators on different pmaps (kernel and user) must not
@@ -126,7 +161,10 @@ fn concurrent_kernel_and_user_initiators_do_not_deadlock() {
         let t0 = FnProgram(move |ctx: &mut mmulab_kernel::ThreadCtx<'_>| {
             step += 1;
             match step {
-                1 => Op::Syscall(Syscall::Mmap { pages: 4, prot: Prot::ReadWrite }),
+                1 => Op::Syscall(Syscall::Mmap {
+                    pages: 4,
+                    prot: Prot::ReadWrite,
+                }),
                 2 => {
                     *us.borrow_mut() = ctx.ret;
                     Op::Syscall(Syscall::KmemAlloc { pages: 2 })
@@ -136,7 +174,10 @@ fn concurrent_kernel_and_user_initiators_do_not_deadlock() {
                     Op::Compute(20_000)
                 }
                 4 => Op::Compute(skew),
-                5 => Op::Syscall(Syscall::KmemFree { va: *kb.borrow(), pages: 2 }),
+                5 => Op::Syscall(Syscall::KmemFree {
+                    va: *kb.borrow(),
+                    pages: 2,
+                }),
                 _ => Op::Exit,
             }
         });
@@ -151,10 +192,28 @@ fn concurrent_kernel_and_user_initiators_do_not_deadlock() {
                     step = 1;
                     Op::Compute(500)
                 }
-                2 => Op::Refs(Refs { base: u, start: 0, stride: 4096, count: 4, wrap: 0, kind: RefKind::Store(1) }),
-                3 => Op::Refs(Refs { base: k, start: 0, stride: 4096, count: 2, wrap: 0, kind: RefKind::Load }),
+                2 => Op::Refs(Refs {
+                    base: u,
+                    start: 0,
+                    stride: 4096,
+                    count: 4,
+                    wrap: 0,
+                    kind: RefKind::Store(1),
+                }),
+                3 => Op::Refs(Refs {
+                    base: k,
+                    start: 0,
+                    stride: 4096,
+                    count: 2,
+                    wrap: 0,
+                    kind: RefKind::Load,
+                }),
                 4 => Op::Compute(20_000 - 5_000),
-                5 => Op::Syscall(Syscall::Mprotect { va: u, pages: 4, prot: Prot::Read }),
+                5 => Op::Syscall(Syscall::Mprotect {
+                    va: u,
+                    pages: 4,
+                    prot: Prot::Read,
+                }),
                 _ => Op::Exit,
             }
         });

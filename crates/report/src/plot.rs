@@ -18,10 +18,20 @@ pub struct Series {
 
 impl Series {
     pub fn line(label: &str, points: Vec<(f64, f64)>) -> Series {
-        Series { label: label.into(), points, spread: Vec::new(), markers: false }
+        Series {
+            label: label.into(),
+            points,
+            spread: Vec::new(),
+            markers: false,
+        }
     }
     pub fn points(label: &str, points: Vec<(f64, f64)>, spread: Vec<f64>) -> Series {
-        Series { label: label.into(), points, spread, markers: true }
+        Series {
+            label: label.into(),
+            points,
+            spread,
+            markers: true,
+        }
     }
 }
 
@@ -41,7 +51,12 @@ pub struct PlotError {
 
 impl LinePlot {
     pub fn new(title: &str, x_label: &str, y_label: &str) -> LinePlot {
-        LinePlot { title: title.into(), x_label: x_label.into(), y_label: y_label.into(), series: Vec::new() }
+        LinePlot {
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            series: Vec::new(),
+        }
     }
 
     pub fn add(&mut self, s: Series) -> &mut Self {
@@ -50,7 +65,10 @@ impl LinePlot {
     }
 
     pub fn write_svg(&self, path: &Path) -> Result<(), PlotError> {
-        let err = |e: &dyn std::fmt::Display| PlotError { path: path.display().to_string(), msg: e.to_string() };
+        let err = |e: &dyn std::fmt::Display| PlotError {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        };
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 0.0f64, f64::MIN);
         for s in &self.series {
             for (i, &(x, y)) in s.points.iter().enumerate() {
@@ -90,7 +108,11 @@ impl LinePlot {
             let color = Palette99::pick(i).to_rgba();
             if s.markers {
                 chart
-                    .draw_series(s.points.iter().map(|&(x, y)| Circle::new((x, y), 4, color.filled())))
+                    .draw_series(
+                        s.points
+                            .iter()
+                            .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+                    )
                     .map_err(|e| err(&e))?
                     .label(s.label.as_str())
                     .legend(move |(x, y)| Circle::new((x, y), 4, color.filled()));

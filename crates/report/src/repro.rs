@@ -24,7 +24,13 @@ pub struct ReproRow {
 
 impl ReproRow {
     /// A numeric comparison: within when |deviation| <= tolerance.
-    pub fn numeric(artefact: &str, quantity: &str, paper: f64, mmulab: f64, tolerance_pct: f64) -> ReproRow {
+    pub fn numeric(
+        artefact: &str,
+        quantity: &str,
+        paper: f64,
+        mmulab: f64,
+        tolerance_pct: f64,
+    ) -> ReproRow {
         let deviation_pct = deviation_pct(paper, mmulab);
         ReproRow {
             artefact: artefact.into(),
@@ -40,7 +46,13 @@ impl ReproRow {
 
     /// A shape claim ("kernel shootdowns are longer than user ones"): the
     /// measured value is shown, `within` is whether the claim holds.
-    pub fn claim(artefact: &str, quantity: &str, mmulab: Option<f64>, holds: bool, claim: &str) -> ReproRow {
+    pub fn claim(
+        artefact: &str,
+        quantity: &str,
+        mmulab: Option<f64>,
+        holds: bool,
+        claim: &str,
+    ) -> ReproRow {
         ReproRow {
             artefact: artefact.into(),
             quantity: quantity.into(),
@@ -55,7 +67,13 @@ impl ReproRow {
 
     /// A value the paper only plots (or states without a number): reported
     /// for the record, never failing.
-    pub fn plot_only(artefact: &str, quantity: &str, paper: Option<f64>, mmulab: f64, note: &str) -> ReproRow {
+    pub fn plot_only(
+        artefact: &str,
+        quantity: &str,
+        paper: Option<f64>,
+        mmulab: f64,
+        note: &str,
+    ) -> ReproRow {
         ReproRow {
             artefact: artefact.into(),
             quantity: quantity.into(),
@@ -77,7 +95,11 @@ impl ReproRow {
 /// Signed deviation of `mmulab` from `paper` in percent of `paper`.
 pub fn deviation_pct(paper: f64, mmulab: f64) -> f64 {
     if paper == 0.0 {
-        if mmulab == 0.0 { 0.0 } else { f64::INFINITY.copysign(mmulab) }
+        if mmulab == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY.copysign(mmulab)
+        }
     } else {
         (mmulab - paper) / paper.abs() * 100.0
     }
@@ -100,7 +122,9 @@ impl ReproTable {
 
     /// Plain-text side-by-side table.
     pub fn render(&self) -> String {
-        let mut t = Table::new(&["artefact", "quantity", "paper", "mmulab", "dev %", "tol %", "ok", "note"]);
+        let mut t = Table::new(&[
+            "artefact", "quantity", "paper", "mmulab", "dev %", "tol %", "ok", "note",
+        ]);
         for r in &self.rows {
             t.row(vec![
                 r.artefact.clone(),
@@ -157,10 +181,24 @@ mod tests {
     #[test]
     fn json_has_contract_keys() {
         let mut t = ReproTable::default();
-        t.push(ReproRow::numeric("Fig. 2", "intercept_us", 430.0, 431.0, 10.0));
+        t.push(ReproRow::numeric(
+            "Fig. 2",
+            "intercept_us",
+            430.0,
+            431.0,
+            10.0,
+        ));
         let v: serde_json::Value = serde_json::to_value(&t.rows).unwrap();
         let row = &v[0];
-        for k in ["artefact", "quantity", "paper", "mmulab", "deviation_pct", "tolerance_pct", "within"] {
+        for k in [
+            "artefact",
+            "quantity",
+            "paper",
+            "mmulab",
+            "deviation_pct",
+            "tolerance_pct",
+            "within",
+        ] {
             assert!(row.get(k).is_some(), "missing {k}");
         }
     }

@@ -7,11 +7,18 @@ pub struct Table {
 
 impl Table {
     pub fn new(header: &[&str]) -> Table {
-        Table { header: header.iter().map(|s| s.to_string()).collect(), rows: Vec::new() }
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
-        assert_eq!(cells.len(), self.header.len(), "row width differs from header");
+        assert_eq!(
+            cells.len(),
+            self.header.len(),
+            "row width differs from header"
+        );
         self.rows.push(cells);
     }
 

@@ -48,10 +48,15 @@ impl BenchSpec {
     }
     pub fn validate(&self, cpus: usize) -> Result<(), String> {
         if self.threads == 0 || self.threads > cpus {
-            return Err(format!("workload.threads: must be 1..={cpus} (one per CPU), got {}", self.threads));
+            return Err(format!(
+                "workload.threads: must be 1..={cpus} (one per CPU), got {}",
+                self.threads
+            ));
         }
         if self.private_pages == 0 || self.shared_pages == 0 {
-            return Err("workload.private_pages / workload.shared_pages: must be at least 1".into());
+            return Err(
+                "workload.private_pages / workload.shared_pages: must be at least 1".into(),
+            );
         }
         if self.mprotect_every == 0 {
             return Err("workload.mprotect_every: must be at least 1".into());
@@ -75,7 +80,10 @@ pub struct Bench {
 
 impl Bench {
     pub fn new(spec: BenchSpec) -> Bench {
-        Bench { spec, shared: Rc::default() }
+        Bench {
+            spec,
+            shared: Rc::default(),
+        }
     }
 }
 
@@ -86,7 +94,13 @@ impl Workload for Bench {
     fn start(&mut self, sim: &Sim) {
         let task = sim.create_task();
         for t in 0..self.spec.threads {
-            let p = Sweeper { spec: self.spec.clone(), shared: self.shared.clone(), index: t as u64, done: 0, phase: 0 };
+            let p = Sweeper {
+                spec: self.spec.clone(),
+                shared: self.shared.clone(),
+                index: t as u64,
+                done: 0,
+                phase: 0,
+            };
             sim.spawn_thread(task, Box::new(p), Some(CpuId(t as u16)));
         }
     }
@@ -98,8 +112,10 @@ impl Workload for Bench {
             verdict: verdict(s.finished == self.spec.threads),
             ..Default::default()
         };
-        r.figures.insert("threads_finished".into(), s.finished as f64);
-        r.figures.insert("write_faults_on_shared".into(), s.faults as f64);
+        r.figures
+            .insert("threads_finished".into(), s.finished as f64);
+        r.figures
+            .insert("write_faults_on_shared".into(), s.faults as f64);
         r
     }
 }
@@ -128,8 +144,12 @@ impl Program for Sweeper {
             if self.index == 0 {
                 if self.phase == 0 {
                     self.phase = 1;
-                    let pages = self.spec.shared_pages + self.spec.threads as u64 * self.spec.private_pages;
-                    return Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite });
+                    let pages =
+                        self.spec.shared_pages + self.spec.threads as u64 * self.spec.private_pages;
+                    return Op::Syscall(Syscall::Mmap {
+                        pages,
+                        prot: Prot::ReadWrite,
+                    });
                 }
                 let mut s = sh.borrow_mut();
                 s.region = ctx.ret;
@@ -151,7 +171,11 @@ impl Program for Sweeper {
         match self.phase {
             2 => {
                 self.phase = 3;
-                return Op::Syscall(Syscall::Mprotect { va: shared_page, pages: 1, prot: Prot::ReadWrite });
+                return Op::Syscall(Syscall::Mprotect {
+                    va: shared_page,
+                    pages: 1,
+                    prot: Prot::ReadWrite,
+                });
             }
             3 => self.phase = 1,
             _ => {}
@@ -160,19 +184,40 @@ impl Program for Sweeper {
         let chunk = 1024u64;
         let before = self.done;
         self.done += chunk;
-        if (before + period - turn) / period != (self.done + period - turn) / period && self.done > turn {
+        if (before + period - turn) / period != (self.done + period - turn) / period
+            && self.done > turn
+        {
             self.phase = 2;
-            return Op::Syscall(Syscall::Mprotect { va: shared_page, pages: 1, prot: Prot::Read });
+            return Op::Syscall(Syscall::Mprotect {
+                va: shared_page,
+                pages: 1,
+                prot: Prot::Read,
+            });
         }
         // Alternate private stores, private loads and shared loads.
         let pos = before / chunk;
         let (base, pages, kind) = match pos % 4 {
-            0 => (self.private_base(region), self.spec.private_pages, RefKind::Store(self.index)),
-            1 | 2 => (self.private_base(region), self.spec.private_pages, RefKind::Load),
+            0 => (
+                self.private_base(region),
+                self.spec.private_pages,
+                RefKind::Store(self.index),
+            ),
+            1 | 2 => (
+                self.private_base(region),
+                self.spec.private_pages,
+                RefKind::Load,
+            ),
             _ => (region, self.spec.shared_pages, RefKind::Load),
         };
         let wrap = pages * PAGE;
         let _ = lines_per_page;
-        Op::Refs(Refs { base, start: (before * LINE) % wrap, stride: LINE, count: chunk, wrap, kind })
+        Op::Refs(Refs {
+            base,
+            start: (before * LINE) % wrap,
+            stride: LINE,
+            count: chunk,
+            wrap,
+            kind,
+        })
     }
 }

@@ -59,13 +59,26 @@ impl WorkloadSpec {
 
     pub fn names() -> &'static [(&'static str, &'static str)] {
         &[
-            ("tester", "black89 §5.1: k children increment counters, the main thread reprotects their page read-only"),
-            ("bench", "speed: threads load and store over private and shared pages, an mprotect every N references"),
-            ("random", "correctness: random mmap/munmap/mprotect/fork/COW/migration/sleep/kmem churn on several tasks"),
+            (
+                "tester",
+                "black89 §5.1: k children increment counters, the main thread reprotects their page read-only",
+            ),
+            (
+                "bench",
+                "speed: threads load and store over private and shared pages, an mprotect every N references",
+            ),
+            (
+                "random",
+                "correctness: random mmap/munmap/mprotect/fork/COW/migration/sleep/kmem churn on several tasks",
+            ),
         ]
     }
 }
 
 pub fn verdict(ok: bool) -> String {
-    if ok { "consistent".into() } else { "inconsistent".into() }
+    if ok {
+        "consistent".into()
+    } else {
+        "inconsistent".into()
+    }
 }

@@ -102,7 +102,10 @@ pub struct Random {
 
 impl Random {
     pub fn new(spec: RandomSpec) -> Random {
-        Random { spec, global: Rc::default() }
+        Random {
+            spec,
+            global: Rc::default(),
+        }
     }
 }
 
@@ -128,7 +131,8 @@ impl Workload for Random {
             ..Default::default()
         };
         r.figures.insert("threads_started".into(), g.started as f64);
-        r.figures.insert("threads_finished".into(), g.finished as f64);
+        r.figures
+            .insert("threads_finished".into(), g.finished as f64);
         r.figures.insert("segv_ignored".into(), g.segv as f64);
         r
     }
@@ -151,13 +155,30 @@ struct Thread {
 }
 
 impl Thread {
-    fn new(spec: &RandomSpec, global: &Rc<RefCell<Global>>, regions: Regions, may_fork: bool) -> Thread {
+    fn new(
+        spec: &RandomSpec,
+        global: &Rc<RefCell<Global>>,
+        regions: Regions,
+        may_fork: bool,
+    ) -> Thread {
         global.borrow_mut().started += 1;
-        Thread { spec: spec.clone(), global: global.clone(), regions, may_fork, steps: 0, pending: Pending::None, restore: None }
+        Thread {
+            spec: spec.clone(),
+            global: global.clone(),
+            regions,
+            may_fork,
+            steps: 0,
+            pending: Pending::None,
+            restore: None,
+        }
     }
 
     fn pick(&self, ctx: &mut ThreadCtx<'_>, kernel: bool) -> Option<(u64, u64)> {
-        let list = if kernel { self.global.borrow().kmem.clone() } else { self.regions.borrow().clone() };
+        let list = if kernel {
+            self.global.borrow().kmem.clone()
+        } else {
+            self.regions.borrow().clone()
+        };
         if list.is_empty() {
             return None;
         }
@@ -178,7 +199,11 @@ impl Program for Thread {
             Pending::None => {}
         }
         if let Some((va, pages)) = self.restore.take() {
-            return Op::Syscall(Syscall::Mprotect { va, pages, prot: Prot::ReadWrite });
+            return Op::Syscall(Syscall::Mprotect {
+                va,
+                pages,
+                prot: Prot::ReadWrite,
+            });
         }
         if self.steps >= self.spec.steps {
             self.global.borrow_mut().finished += 1;
@@ -192,7 +217,10 @@ impl Program for Thread {
                 let Some((va, pages)) = self.pick(ctx, kernel) else {
                     let pages = 1 + ctx.rng.below(self.spec.max_region_pages);
                     self.pending = Pending::Mapped(pages);
-                    return Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite });
+                    return Op::Syscall(Syscall::Mmap {
+                        pages,
+                        prot: Prot::ReadWrite,
+                    });
                 };
                 let stride = *ctx.rng.pick(&[8u64, 64, 512, 4096]);
                 let kind = match ctx.rng.below(3) {
@@ -202,12 +230,22 @@ impl Program for Thread {
                 };
                 let start = ctx.rng.below(pages * PAGE / 8) * 8;
                 let count = 20 + ctx.rng.below(300);
-                Op::Refs(Refs { base: va, start, stride, count, wrap: pages * PAGE, kind })
+                Op::Refs(Refs {
+                    base: va,
+                    start,
+                    stride,
+                    count,
+                    wrap: pages * PAGE,
+                    kind,
+                })
             }
             45..=54 => {
                 let pages = 1 + ctx.rng.below(self.spec.max_region_pages);
                 self.pending = Pending::Mapped(pages);
-                Op::Syscall(Syscall::Mmap { pages, prot: Prot::ReadWrite })
+                Op::Syscall(Syscall::Mmap {
+                    pages,
+                    prot: Prot::ReadWrite,
+                })
             }
             55..=61 => {
                 let mut regions = self.regions.borrow_mut();
@@ -219,24 +257,42 @@ impl Program for Thread {
                 Op::Syscall(Syscall::Munmap { va, pages })
             }
             62..=73 => {
-                let Some((va, pages)) = self.pick(ctx, false) else { return Op::Compute(100) };
+                let Some((va, pages)) = self.pick(ctx, false) else {
+                    return Op::Compute(100);
+                };
                 let first = ctx.rng.below(pages);
                 let n = 1 + ctx.rng.below(pages - first);
-                let prot = if ctx.rng.chance(0.7) { Prot::Read } else { Prot::None };
+                let prot = if ctx.rng.chance(0.7) {
+                    Prot::Read
+                } else {
+                    Prot::None
+                };
                 self.restore = Some((va + first * PAGE, n));
-                Op::Syscall(Syscall::Mprotect { va: va + first * PAGE, pages: n, prot })
+                Op::Syscall(Syscall::Mprotect {
+                    va: va + first * PAGE,
+                    pages: n,
+                    prot,
+                })
             }
             74..=77 if self.spec.fork && self.may_fork => {
                 let child_regions: Regions = Rc::new(RefCell::new(self.regions.borrow().clone()));
                 let mut child = Thread::new(&self.spec, &self.global, child_regions, false);
                 child.steps = self.spec.steps.saturating_sub(10);
                 child.spec.kmem = false;
-                Op::Syscall(Syscall::Fork { child: Box::new(child) })
+                Op::Syscall(Syscall::Fork {
+                    child: Box::new(child),
+                })
             }
             78..=82 if self.spec.migrate => {
-                let cpu = if ctx.rng.chance(0.5) { None } else { Some(CpuId(ctx.rng.below(1024) as u16)) };
+                let cpu = if ctx.rng.chance(0.5) {
+                    None
+                } else {
+                    Some(CpuId(ctx.rng.below(1024) as u16))
+                };
                 // Bound to a CPU that may not exist: fall back to any.
-                Op::Syscall(Syscall::Migrate { cpu: cpu.filter(|c| c.0 < 2) })
+                Op::Syscall(Syscall::Migrate {
+                    cpu: cpu.filter(|c| c.0 < 2),
+                })
             }
             83..=87 if self.spec.sleep => Op::Sleep(500 + ctx.rng.below(20_000)),
             88..=95 if self.spec.kmem => {

@@ -54,7 +54,10 @@ impl TesterSpec {
             return Err("workload.children: the tester needs at least one child".into());
         }
         if self.children > 511 * 8 {
-            return Err("workload.children: the counters must fit in one page (at most 4088 children)".into());
+            return Err(
+                "workload.children: the counters must fit in one page (at most 4088 children)"
+                    .into(),
+            );
         }
         if self.children >= cpus {
             return Err(format!(
@@ -87,32 +90,52 @@ pub struct Tester {
 
 impl Tester {
     pub fn new(spec: TesterSpec) -> Tester {
-        Tester { spec, shared: Rc::default() }
+        Tester {
+            spec,
+            shared: Rc::default(),
+        }
     }
 }
 
 impl Workload for Tester {
     fn start(&mut self, sim: &Sim) {
         let task = sim.create_task();
-        let main = Main { spec: self.spec.clone(), shared: self.shared.clone(), step: Step::Map, page: 0, t0: 0, i: 0 };
+        let main = Main {
+            spec: self.spec.clone(),
+            shared: self.shared.clone(),
+            step: Step::Map,
+            page: 0,
+            t0: 0,
+            i: 0,
+        };
         sim.spawn_thread(task, Box::new(main), Some(CpuId(0)));
     }
 
     fn report(&self) -> WorkloadReport {
         let s = self.shared.borrow();
         let changed = s.saved.iter().zip(&s.after).filter(|(a, b)| a != b).count();
-        let mut r = WorkloadReport { name: "tester".into(), verdict: verdict(changed == 0 && s.done), ..Default::default() };
-        r.figures.insert("children".into(), self.spec.children as f64);
-        r.figures.insert("children_faulted".into(), s.faulted as f64);
-        r.figures.insert("counters_changed_after_reprotect".into(), changed as f64);
+        let mut r = WorkloadReport {
+            name: "tester".into(),
+            verdict: verdict(changed == 0 && s.done),
+            ..Default::default()
+        };
+        r.figures
+            .insert("children".into(), self.spec.children as f64);
+        r.figures
+            .insert("children_faulted".into(), s.faulted as f64);
+        r.figures
+            .insert("counters_changed_after_reprotect".into(), changed as f64);
         if let Some(c) = s.mprotect_cycles {
             r.figures.insert("mprotect_cycles".into(), c as f64);
         }
         if !s.done {
-            r.notes.push("the tester did not finish (time limit or liveness failure)".into());
+            r.notes
+                .push("the tester did not finish (time limit or liveness failure)".into());
         }
         if changed > 0 {
-            r.notes.push(format!("{changed} counter(s) kept changing after the page became read-only"));
+            r.notes.push(format!(
+                "{changed} counter(s) kept changing after the page became read-only"
+            ));
         }
         r
     }
@@ -148,7 +171,10 @@ impl Program for Main {
             match self.step {
                 Step::Map => {
                     self.step = Step::Touch;
-                    return Op::Syscall(Syscall::Mmap { pages: 1, prot: Prot::ReadWrite });
+                    return Op::Syscall(Syscall::Mmap {
+                        pages: 1,
+                        prot: Prot::ReadWrite,
+                    });
                 }
                 Step::Touch => {
                     self.page = ctx.ret;
@@ -160,7 +186,11 @@ impl Program for Main {
                         self.step = Step::WaitStarted;
                         continue;
                     }
-                    let child = Child { va: self.page + 8 * self.i as u64, shared: self.shared.clone(), started: false };
+                    let child = Child {
+                        va: self.page + 8 * self.i as u64,
+                        shared: self.shared.clone(),
+                        started: false,
+                    };
                     self.i += 1;
                     return Op::Syscall(Syscall::ThreadCreate {
                         program: Box::new(child),
@@ -177,7 +207,11 @@ impl Program for Main {
                 Step::Warmup => {
                     self.step = Step::Reprotect;
                     self.t0 = ctx.now.0;
-                    return Op::Syscall(Syscall::Mprotect { va: self.page, pages: 1, prot: Prot::Read });
+                    return Op::Syscall(Syscall::Mprotect {
+                        va: self.page,
+                        pages: 1,
+                        prot: Prot::Read,
+                    });
                 }
                 Step::Reprotect => {
                     self.shared.borrow_mut().mprotect_cycles = Some(ctx.now.0 - self.t0);
@@ -239,6 +273,13 @@ impl Program for Child {
             self.shared.borrow_mut().started += 1;
         }
         let count = if self.started { u64::MAX / 2 } else { 1 };
-        Op::Refs(Refs { base: self.va, start: 0, stride: 0, count, wrap: 0, kind: RefKind::Increment })
+        Op::Refs(Refs {
+            base: self.va,
+            start: 0,
+            stride: 0,
+            count,
+            wrap: 0,
+            kind: RefKind::Increment,
+        })
     }
 }

@@ -1,0 +1,73 @@
+//! Paper reproductions: `mmulab reproduce PAPER`. Each reads its specs from
+//! `experiments/PAPER/`, where the paper's numbers sit in a `[paper]`
+//! table beside the spec, runs them, and returns the shared rows.
+
+pub mod black89;
+
+use std::path::Path;
+
+use crate::spec::{Spec, SpecError};
+
+/// A spec file with its `[paper]` table split off.
+pub struct PaperSpec {
+    pub text: String,
+    pub paper: toml::Table,
+    pub origin: String,
+}
+
+impl PaperSpec {
+    pub fn load(path: &Path) -> Result<PaperSpec, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
+            path: path.display().to_string(),
+            err,
+        })?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| SpecError::Invalid(format!("{}: {e}", path.display())))?;
+        let paper = match table.remove("paper") {
+            Some(toml::Value::Table(t)) => t,
+            _ => {
+                return Err(SpecError::Invalid(format!(
+                    "{}: paper: missing table of the paper's numbers",
+                    path.display()
+                )));
+            }
+        };
+        Ok(PaperSpec {
+            text: toml::to_string(&table).expect("serialise"),
+            paper,
+            origin: path.display().to_string(),
+        })
+    }
+
+    pub fn spec(&self, sets: &[String]) -> Result<Spec, SpecError> {
+        Spec::parse(&self.text, sets, &self.origin)
+    }
+
+    pub fn number(&self, key: &str) -> Result<f64, SpecError> {
+        match self.paper.get(key) {
+            Some(toml::Value::Float(f)) => Ok(*f),
+            Some(toml::Value::Integer(i)) => Ok(*i as f64),
+            _ => Err(SpecError::Invalid(format!(
+                "{}: paper.{key}: expected a number",
+                self.origin
+            ))),
+        }
+    }
+
+    pub fn list(&self, key: &str) -> Result<Vec<u64>, SpecError> {
+        match self.paper.get(key) {
+            Some(toml::Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_integer().map(|i| i as u64))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    SpecError::Invalid(format!("{}: paper.{key}: expected integers", self.origin))
+                }),
+            _ => Err(SpecError::Invalid(format!(
+                "{}: paper.{key}: expected a list",
+                self.origin
+            ))),
+        }
+    }
+}
