@@ -73,8 +73,38 @@ enum Command {
         #[arg(long, default_value = "experiments")]
         experiments: PathBuf,
     },
+    /// Real measurements on this Linux host.
+    #[command(subcommand)]
+    Host(HostCommand),
     /// Name the presets, protocols and workloads.
     List,
+}
+
+#[derive(Subcommand)]
+enum HostCommand {
+    /// black89's consistency tester on real threads: the initiator's latency
+    /// for an operation with 0..N responders spinning on their counters, the
+    /// TLB-shootdown interrupts taken, and the consistency verdict.
+    Shootdown {
+        /// Responder thread counts: a list (1,2,4) or a range (1-15).
+        /// Default: every count that fits on this machine's cores.
+        #[arg(long)]
+        threads: Option<String>,
+        /// mprotect (read-write to read-only), munmap or madvise (MADV_DONTNEED).
+        #[arg(long, default_value = "mprotect")]
+        op: String,
+        /// Pages per operation.
+        #[arg(long, default_value_t = 1)]
+        pages: usize,
+        /// Timed repetitions per point.
+        #[arg(long, default_value_t = 100)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+        /// Also write the calibration (fitted costs) of a `host` preset here.
+        #[arg(long, value_name = "FILE")]
+        calibration_out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -257,6 +287,55 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 );
             }
             Ok(if table.all_within() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Host(HostCommand::Shootdown {
+            threads,
+            op,
+            pages,
+            reps,
+            json,
+            calibration_out,
+        }) => {
+            let mut opts = mmulab_host::ShootdownOptions::default();
+            if let Some(t) = threads {
+                opts.threads = mmulab_host::parse_thread_list(&t).map_err(|e| {
+                    mmulab_experiment::SpecError::Invalid(format!("--threads: {e}"))
+                })?;
+            }
+            opts.op = op
+                .parse()
+                .map_err(|e| mmulab_experiment::SpecError::Invalid(format!("--op: {e}")))?;
+            anyhow::ensure!(
+                pages > 0 && reps > 0,
+                "--pages and --reps must be at least 1"
+            );
+            opts.pages = pages;
+            opts.reps = reps;
+            let pb = bar(1, "host shootdown");
+            let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
+                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps as u64),
+                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done as u64),
+                mmulab_host::Progress::Point { threads, op, .. } => {
+                    pb.set_message(format!("{op}, {threads} responder(s)"))
+                }
+                mmulab_host::Progress::Note(n) if json => pb.println(format!("note: {n}")),
+                _ => {}
+            })?;
+            pb.finish_and_clear();
+            if let Some(path) = &calibration_out {
+                std::fs::write(path, mmulab_host::preset_components(&report).to_toml())
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", mmulab_host::format_report(&report));
+            }
+            Ok(if report.consistent() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
