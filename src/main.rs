@@ -317,8 +317,8 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             opts.reps = reps;
             let pb = bar(1, "host shootdown");
             let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
-                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps as u64),
-                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done as u64),
+                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
+                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
                 mmulab_host::Progress::Point { threads, op, .. } => {
                     pb.set_message(format!("{op}, {threads} responder(s)"))
                 }
