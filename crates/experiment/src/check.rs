@@ -38,7 +38,12 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
          [protocol_options]\nlazy = {lazy}\nflush_threshold = {threshold}\naction_queue = {queue}\n\
          [workload]\nkind = \"random\"\ntasks = {tasks}\nthreads_per_task = {threads}\nsteps = {steps}\n"
     );
-    if windows {
+    if r.chance(0.5) {
+        text.push_str("[kernel]\ntrap_disabled_mean_cycles = 2000\n");
+        if windows {
+            text.push_str("[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n");
+        }
+    } else if windows {
         text.push_str(
             "[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n",
         );

@@ -39,6 +39,7 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
         spin_bound: spec.engine.spin_bound,
         max_cycles: spec.engine.max_cycles,
         disabled_windows: spec.kernel.disabled_windows.clone(),
+        trap_disabled_mean_cycles: spec.kernel.trap_disabled_mean_cycles,
     }
 }
 

@@ -114,8 +114,12 @@ impl Default for EngineSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KernelSpec {
-    /// Interrupt-disabled kernel windows (black89 §8); absent = none.
+    /// Interrupt-disabled kernel windows taken from user mode (black89
+    /// §8); absent = none.
     pub disabled_windows: Option<DisabledWindows>,
+    /// Mean length (cycles, exponential) of the interrupt-disabled section
+    /// of every system call and fault; 0 = none.
+    pub trap_disabled_mean_cycles: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

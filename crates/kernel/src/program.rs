@@ -83,11 +83,14 @@ pub enum Syscall {
     Migrate {
         cpu: Option<CpuId>,
     },
-    /// Allocate wired kernel memory (mapped in the kernel pmap at once);
-    /// returns its kernel address. Threads may reference it directly, as
-    /// kernel code on their behalf would.
+    /// Allocate kernel memory; returns its kernel address. Wired memory is
+    /// mapped in the kernel pmap at once; pageable memory is mapped lazily
+    /// on first touch (so a free of untouched pages needs no shootdown
+    /// under lazy evaluation). Threads may reference it directly, as kernel
+    /// code on their behalf would.
     KmemAlloc {
         pages: u64,
+        wired: bool,
     },
     /// Free kernel memory: a kernel-pmap shootdown, then the frames are
     /// reused.

@@ -46,6 +46,15 @@ impl Sim {
             Entry::Trap => {
                 let trap_cycles = self.costs().trap_cycles;
                 self.delay(cpu, Cycles(trap_cycles)).await;
+                let mean = self.w().cfg.trap_disabled_mean_cycles;
+                if mean > 0 {
+                    // Part of the kernel path runs with every interrupt
+                    // masked, delaying any shootdown aimed at this CPU.
+                    let len = self.w().cpus[cpu.index()].rng.exponential(mean as f64) as u64;
+                    let saved = self.set_ipl(cpu, Ipl::ALL);
+                    self.delay(cpu, Cycles(len)).await;
+                    self.restore_ipl(cpu, saved).await;
+                }
                 self.handle_trap(cpu).await;
             }
             Entry::Interrupt => self.take_interrupts(cpu).await,

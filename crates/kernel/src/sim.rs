@@ -68,6 +68,10 @@ pub struct SimConfig {
     /// The run stops at this simulated time.
     pub max_cycles: u64,
     pub disabled_windows: Option<DisabledWindows>,
+    /// Mean length (cycles, exponential) of the interrupt-disabled section
+    /// in every system call and fault; 0 = none (black89 §8: "the kernel
+    /// disables shootdown (and other) interrupts in many places").
+    pub trap_disabled_mean_cycles: u64,
 }
 
 #[derive(Debug)]
@@ -121,6 +125,10 @@ pub struct World {
     pub wild_accesses: u64,
     /// Next kernel virtual page for kmem allocations.
     pub kmem_next: u64,
+    /// Live kernel allocations: first page → pages.
+    pub kernel_regions: BTreeMap<u64, u64>,
+    /// The kernel map's lock.
+    pub kernel_vm_lock: usize,
 }
 
 impl World {
@@ -225,9 +233,11 @@ impl Sim {
             liveness: None,
             live_threads: 0,
             timed_out: false,
-            locks: Vec::new(),
             wild_accesses: 0,
             kmem_next: (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
+            kernel_regions: BTreeMap::new(),
+            kernel_vm_lock: 0,
+            locks: vec![None],
             cfg,
         };
         let n = world.cpus.len();
@@ -745,6 +755,15 @@ impl Sim {
             .take()
             .expect("thread without a program");
         let trap = loop {
+            let left = w.threads[tid.0 as usize].compute_left;
+            if left > 0 {
+                let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
+                w.cpus[ci].local += Cycles(room);
+                w.threads[tid.0 as usize].compute_left -= room;
+                if w.threads[tid.0 as usize].compute_left > 0 {
+                    break None;
+                }
+            }
             if let Some(t) = run_batch(w, cpu, tid, end) {
                 break Some(t);
             }
@@ -772,7 +791,9 @@ impl Sim {
                         th.batch = Some((r, 0));
                     }
                 }
-                Op::Compute(c) => w.cpus[ci].local += Cycles(c),
+                // Computation is consumed slice by slice like references,
+                // so an interrupt never waits for a whole computation.
+                Op::Compute(c) => th.compute_left = c,
                 other => break Some(Trap::Op(other)),
             }
             if w.stop {

@@ -36,6 +36,8 @@ pub struct Thread {
     pub state: ThreadState,
     pub program: Option<Box<dyn Program>>,
     pub batch: Option<(crate::program::Refs, u64)>,
+    /// Cycles of a `Compute` op still to run.
+    pub compute_left: u64,
     pub last_load: u64,
     pub ret: u64,
     pub fault: Option<u64>,
@@ -144,6 +146,7 @@ impl Sim {
                 state: ThreadState::Sleeping,
                 program: Some(program),
                 batch: None,
+                compute_left: 0,
                 last_load: 0,
                 ret: 0,
                 fault: None,
@@ -249,11 +252,10 @@ impl Sim {
                 .tlb
                 .invalidate_page(Vpn(vpn), Some(asid));
         }
-        let region = if va >= KERNEL_BASE {
-            None
-        } else {
-            self.region_of(task, vpn)
-        };
+        if va >= KERNEL_BASE {
+            return self.kernel_fault(cpu, tid, vpn).await;
+        }
+        let region = self.region_of(task, vpn);
         let Some(region) = region.filter(|r| prot_rank(r.prot) >= if store { 2 } else { 1 }) else {
             self.count("vm.segv", 1);
             let mut w = self.w();
@@ -319,6 +321,41 @@ impl Sim {
         let writable = region.prot == Prot::ReadWrite && top;
         let p = self.protocol();
         p.enter(self, cpu, pmap, Vpn(vpn), pfn, writable).await;
+    }
+
+    /// A fault on pageable kernel memory: zero-fill and map it in the kernel
+    /// pmap, under the kernel map's lock (two tasks may touch one kernel
+    /// page at once). Outside any kernel allocation it is a bad address.
+    async fn kernel_fault(&self, cpu: CpuId, tid: ThreadId, vpn: u64) {
+        let lock = self.w().kernel_vm_lock;
+        self.lock(cpu, lock).await;
+        let inside = {
+            let w = self.w();
+            w.kernel_regions
+                .range(..=vpn)
+                .next_back()
+                .is_some_and(|(&s, &n)| vpn < s + n)
+        };
+        let mapped = self.w().pte(KERNEL_PMAP, Vpn(vpn)).present();
+        if !inside {
+            self.count("vm.segv", 1);
+            let mut w = self.w();
+            let th = &mut w.threads[tid.0 as usize];
+            th.fault = Some(vpn << PAGE_SHIFT);
+            th.batch = None;
+        } else if !mapped {
+            let pfn = self
+                .w()
+                .mem
+                .alloc_data()
+                .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+            self.count("vm.kernel_zero_fills", 1);
+            let c = self.costs().zero_fill_cycles;
+            self.delay(cpu, Cycles(c)).await;
+            let p = self.protocol();
+            p.enter(self, cpu, KERNEL_PMAP, Vpn(vpn), pfn, true).await;
+        }
+        self.unlock(cpu, lock).await;
     }
 
     /// Splits the region containing `at` so that a region starts there.
@@ -503,14 +540,15 @@ impl Sim {
                 self.spawn_thread(child_task, child, None);
                 child_task.0 as u64
             }
-            Syscall::KmemAlloc { pages } => {
+            Syscall::KmemAlloc { pages, wired } => {
                 let start = {
                     let mut w = self.w();
                     let s = w.kmem_next;
                     w.kmem_next += pages + 1;
+                    w.kernel_regions.insert(s, pages);
                     s
                 };
-                for i in 0..pages {
+                for i in (0..pages).filter(|_| wired) {
                     let pfn = self
                         .w()
                         .mem
@@ -548,6 +586,7 @@ impl Sim {
                 .await;
                 self.end_op(cpu);
                 let mut w = self.w();
+                w.kernel_regions.remove(&start);
                 for f in frames {
                     w.mem.free(f);
                 }

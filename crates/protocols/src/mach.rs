@@ -85,7 +85,9 @@ impl Mach {
         let costs = sim.costs();
         let start = sim.now();
         let mut kernel = false;
+        let mut processed = 0;
         while self.cpus.borrow()[me.index()].action_needed {
+            processed += 1;
             self.cpus.borrow_mut()[me.index()].active = false;
             if self.mutation == Mutation::FlushBeforeUnlock {
                 kernel |= self.process_actions(sim, me).await;
@@ -101,11 +103,13 @@ impl Mach {
             self.cpus.borrow_mut()[me.index()].active = true;
         }
         let _ = costs;
-        let kind = if kernel { "kernel" } else { "user" };
-        sim.record(
-            &format!("shootdown.{kind}.responder_cycles"),
-            (sim.now() - start).0 as f64,
-        );
+        if processed > 0 {
+            let kind = if kernel { "kernel" } else { "user" };
+            sim.record(
+                &format!("shootdown.{kind}.responder_cycles"),
+                (sim.now() - start).0 as f64,
+            );
+        }
     }
 
     /// Processes the queued actions; returns whether any was on the kernel
@@ -259,16 +263,20 @@ impl Protocol for Mach {
                         .await;
                     }
                 }
-                sim.count(&format!("shootdown.{kind}.events"), 1);
-                sim.record(
-                    &format!("shootdown.{kind}.initiator_cycles"),
-                    (sim.now() - start).0 as f64,
-                );
-                sim.record(
-                    &format!("shootdown.{kind}.processors"),
-                    wait_for.len() as f64,
-                );
-                sim.record(&format!("shootdown.{kind}.pages"), u.pages as f64);
+                // An event is a shootdown that involved another processor
+                // (black89 §6 records each initiator with a processor count).
+                if !users.is_empty() {
+                    sim.count(&format!("shootdown.{kind}.events"), 1);
+                    sim.record(
+                        &format!("shootdown.{kind}.initiator_cycles"),
+                        (sim.now() - start).0 as f64,
+                    );
+                    sim.record(
+                        &format!("shootdown.{kind}.processors"),
+                        wait_for.len() as f64,
+                    );
+                    sim.record(&format!("shootdown.{kind}.pages"), u.pages as f64);
+                }
             } else {
                 sim.count(&format!("mach.{kind}.lazy_skips"), 1);
             }

@@ -23,6 +23,7 @@ fn sim(protocol: &str, cpus: usize) -> Sim {
         spin_bound: 1_000_000,
         max_cycles: 1_000_000_000,
         disabled_windows: None,
+        trap_disabled_mean_cycles: 0,
     };
     Sim::new(
         cfg,
@@ -167,7 +168,10 @@ fn concurrent_kernel_and_user_initiators_do_not_deadlock() {
                 }),
                 2 => {
                     *us.borrow_mut() = ctx.ret;
-                    Op::Syscall(Syscall::KmemAlloc { pages: 2 })
+                    Op::Syscall(Syscall::KmemAlloc {
+                        pages: 2,
+                        wired: true,
+                    })
                 }
                 3 => {
                     *kb.borrow_mut() = ctx.ret;

@@ -7,5 +7,5 @@ pub mod repro;
 pub mod table;
 
 pub use plot::{LinePlot, Series};
-pub use repro::{ReproRow, ReproTable};
+pub use repro::{ReproRow, ReproTable, RowKind};
 pub use table::Table;

@@ -20,6 +20,19 @@ pub struct ReproRow {
     /// Free text: the claim checked, or why a row has no number.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// `numeric` (judged by tolerance), `claim` (a shape claim: `within`
+    /// says whether it holds) or `plot_only` (shown, never failing).
+    #[serde(default)]
+    pub kind: RowKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowKind {
+    #[default]
+    Numeric,
+    Claim,
+    PlotOnly,
 }
 
 impl ReproRow {
@@ -41,6 +54,7 @@ impl ReproRow {
             tolerance_pct: Some(tolerance_pct),
             within: deviation_pct.abs() <= tolerance_pct,
             note: String::new(),
+            kind: RowKind::Numeric,
         }
     }
 
@@ -62,6 +76,7 @@ impl ReproRow {
             tolerance_pct: None,
             within: holds,
             note: claim.into(),
+            kind: RowKind::Claim,
         }
     }
 
@@ -83,6 +98,7 @@ impl ReproRow {
             tolerance_pct: None,
             within: true,
             note: note.into(),
+            kind: RowKind::PlotOnly,
         }
     }
 
@@ -129,7 +145,11 @@ impl ReproTable {
             t.row(vec![
                 r.artefact.clone(),
                 r.quantity.clone(),
-                r.paper.map_or("plot only".into(), fmt_num),
+                match (r.kind, r.paper) {
+                    (RowKind::Claim, _) => "claim".into(),
+                    (_, None) => "plot only".into(),
+                    (_, Some(p)) => fmt_num(p),
+                },
                 r.mmulab.map_or("-".into(), fmt_num),
                 r.deviation_pct.map_or("-".into(), |d| format!("{d:+.1}")),
                 r.tolerance_pct.map_or("-".into(), |d| format!("{d:.0}")),

@@ -2,6 +2,7 @@
 //! on a booted simulation and, after the run, gives its own verdict and
 //! figures.
 
+pub mod apps;
 pub mod bench;
 pub mod random;
 pub mod tester;
@@ -37,6 +38,10 @@ pub enum WorkloadSpec {
     Bench(bench::BenchSpec),
     /// The randomized correctness workload of `mmulab check`.
     Random(random::RandomSpec),
+    /// black89 §5.2 stand-ins.
+    Kbuild(apps::KbuildSpec),
+    Parthenon(apps::ParthenonSpec),
+    Camelot(apps::CamelotSpec),
 }
 
 impl WorkloadSpec {
@@ -45,6 +50,9 @@ impl WorkloadSpec {
             WorkloadSpec::Tester(s) => Box::new(tester::Tester::new(s.clone())),
             WorkloadSpec::Bench(s) => Box::new(bench::Bench::new(s.clone())),
             WorkloadSpec::Random(s) => Box::new(random::Random::new(s.clone())),
+            WorkloadSpec::Kbuild(s) => Box::new(apps::Kbuild::new(s.clone())),
+            WorkloadSpec::Parthenon(s) => Box::new(apps::Parthenon::new(s.clone())),
+            WorkloadSpec::Camelot(s) => Box::new(apps::Camelot::new(s.clone())),
         }
     }
 
@@ -54,6 +62,9 @@ impl WorkloadSpec {
             WorkloadSpec::Tester(s) => s.validate(cpus),
             WorkloadSpec::Bench(s) => s.validate(cpus),
             WorkloadSpec::Random(s) => s.validate(cpus),
+            WorkloadSpec::Kbuild(s) => s.validate(cpus),
+            WorkloadSpec::Parthenon(s) => s.validate(cpus),
+            WorkloadSpec::Camelot(s) => s.validate(cpus),
         }
     }
 

@@ -305,7 +305,10 @@ impl Program for Thread {
                 } else {
                     let pages = 1 + ctx.rng.below(4);
                     self.pending = Pending::KmemAllocated(pages);
-                    Op::Syscall(Syscall::KmemAlloc { pages })
+                    Op::Syscall(Syscall::KmemAlloc {
+                        pages,
+                        wired: ctx.rng.chance(0.5),
+                    })
                 }
             }
             _ => Op::Compute(50 + ctx.rng.below(2000)),
