@@ -105,6 +105,18 @@ enum HostCommand {
         #[arg(long, value_name = "FILE")]
         calibration_out: Option<PathBuf>,
     },
+    /// Measure (as `host shootdown` with mprotect), write a `host` timing
+    /// preset from the fit, and check that the simulator's tester on it
+    /// predicts the measured latency at every thread count.
+    Preset {
+        #[arg(long)]
+        threads: Option<String>,
+        #[arg(long, default_value_t = 300)]
+        reps: usize,
+        /// Where to write the preset (use it with `--set preset=FILE`).
+        #[arg(long, default_value = "host.toml")]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -336,6 +348,87 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 print!("{}", mmulab_host::format_report(&report));
             }
             Ok(if report.consistent() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Host(HostCommand::Preset { threads, reps, out }) => {
+            let mut opts = mmulab_host::ShootdownOptions::default();
+            if let Some(t) = threads {
+                opts.threads = mmulab_host::parse_thread_list(&t).map_err(|e| {
+                    mmulab_experiment::SpecError::Invalid(format!("--threads: {e}"))
+                })?;
+            }
+            opts.reps = reps.max(1);
+            let pb = bar(1, "host preset: measuring");
+            let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
+                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
+                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
+                _ => {}
+            })?;
+            pb.finish_and_clear();
+            let cal = mmulab_host::preset_components(&report);
+            let fit = cal.fit.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no responder count could be measured: the host needs at least two usable cores"
+                )
+            })?;
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2);
+            let m = mmulab_experiment::host_preset::Measured {
+                baseline_ns: cal.baseline_ns,
+                intercept_ns: fit.intercept_ns,
+                slope_ns: fit.slope_ns,
+                cores,
+            };
+            let env = mmulab_host::format_report(&report)
+                .lines()
+                .find(|l| l.starts_with("environment:"))
+                .unwrap_or("")
+                .to_string();
+            std::fs::write(&out, mmulab_experiment::host_preset::preset_text(&m, &env))
+                .with_context(|| format!("writing {}", out.display()))?;
+            let measured: Vec<(usize, f64)> = cal
+                .points
+                .iter()
+                .filter(|p| p.responders > 0)
+                .map(|p| (p.responders, p.median_ns))
+                .collect();
+            let ks: Vec<usize> = measured.iter().map(|p| p.0).collect();
+            let predicted =
+                mmulab_experiment::host_preset::predict(&out.display().to_string(), &ks)?;
+            println!(
+                "wrote {} (use it with --set preset={})",
+                out.display(),
+                out.display()
+            );
+            let mut t = Table::new(&[
+                "responders",
+                "measured median ns",
+                "simulated ns",
+                "error %",
+            ]);
+            let mut worst: f64 = 0.0;
+            for ((k, meas), (_, sim)) in measured.iter().zip(&predicted) {
+                let err = (sim - meas) / meas * 100.0;
+                worst = worst.max(err.abs());
+                t.row(vec![
+                    k.to_string(),
+                    format!("{meas:.0}"),
+                    format!("{sim:.0}"),
+                    format!("{err:+.1}"),
+                ]);
+            }
+            print!("{}", t.render());
+            println!("largest prediction error {worst:.1}% (target: within 20%)");
+            if measured.len() < 2 {
+                println!(
+                    "note: one responder count only, so the preset was fitted from the very point it predicts; run on a machine with more cores for a real test of the line"
+                );
+            }
+            Ok(if worst <= 20.0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn mmulab(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mmulab")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("runs")
+    Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs")
 }
 
 fn stdout(o: &Output) -> String {
@@ -30,10 +34,25 @@ fn results(dir: &std::path::Path) -> serde_json::Value {
 #[test]
 fn tester_under_global_is_consistent_by_oracle_and_by_its_own_check() {
     let d = tmp("global");
-    let o = mmulab(&["run", "experiments/tester.toml", "--out", d.to_str().unwrap()]);
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = results(&d);
-    for key in ["spec", "seed", "version", "counters", "histograms", "fits", "oracle", "workload", "host"] {
+    for key in [
+        "spec",
+        "seed",
+        "version",
+        "counters",
+        "histograms",
+        "fits",
+        "oracle",
+        "workload",
+        "host",
+    ] {
         assert!(r.get(key).is_some(), "results.json lacks {key}");
     }
     assert_eq!(r["oracle"]["violations"], 0);
@@ -41,13 +60,24 @@ fn tester_under_global_is_consistent_by_oracle_and_by_its_own_check() {
     assert_eq!(r["workload"]["verdict"], "consistent");
     assert!(r["host"]["refs_per_second"].as_f64().unwrap() > 0.0);
     assert!(d.join("results.csv").exists());
-    assert!(stdout(&o).contains("oracle    consistent"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("oracle    consistent"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
 fn tester_under_none_is_caught_by_both_checks() {
     let d = tmp("none");
-    let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=none", "--out", d.to_str().unwrap()]);
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "protocol=none",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r = results(&d);
     assert!(r["oracle"]["violations"].as_u64().unwrap() > 0);
@@ -61,7 +91,13 @@ fn tester_under_none_is_caught_by_both_checks() {
 
 #[test]
 fn broken_protocol_flushing_only_the_initiator_is_caught() {
-    let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=global-initiator-only", "--json"]);
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "protocol=global-initiator-only",
+        "--json",
+    ]);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(r["oracle"]["violations"].as_u64().unwrap() > 0);
     assert_eq!(r["workload"]["verdict"], "inconsistent");
@@ -72,7 +108,16 @@ fn same_spec_and_seed_give_identical_results_but_host() {
     let a = tmp("det-a");
     let b = tmp("det-b");
     for d in [&a, &b] {
-        let o = mmulab(&["run", "experiments/tester.toml", "--set", "protocol=mach", "--set", "runs=2", "--out", d.to_str().unwrap()]);
+        let o = mmulab(&[
+            "run",
+            "experiments/tester.toml",
+            "--set",
+            "protocol=mach",
+            "--set",
+            "runs=2",
+            "--out",
+            d.to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{}", stderr(&o));
     }
     let strip = |d: &PathBuf| {
@@ -81,7 +126,10 @@ fn same_spec_and_seed_give_identical_results_but_host() {
         serde_json::to_string(&v).unwrap()
     };
     assert_eq!(strip(&a), strip(&b));
-    assert_eq!(std::fs::read(a.join("results.csv")).unwrap(), std::fs::read(b.join("results.csv")).unwrap());
+    assert_eq!(
+        std::fs::read(a.join("results.csv")).unwrap(),
+        std::fs::read(b.join("results.csv")).unwrap()
+    );
 }
 
 #[test]
@@ -95,7 +143,11 @@ fn spec_errors_exit_2_and_name_the_key() {
     ] {
         let o = mmulab(&["run", "experiments/tester.toml", "--set", set]);
         assert_eq!(o.status.code(), Some(2), "{set}: {}", stderr(&o));
-        assert!(stderr(&o).contains(key), "{set}: error does not name {key}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(key),
+            "{set}: error does not name {key}: {}",
+            stderr(&o)
+        );
     }
 }
 
@@ -110,7 +162,10 @@ fn check_passes_for_mach_and_catches_none_with_a_replay_command() {
     let o = mmulab(&["check", "--protocol", "none", "--seeds", "20", "--json"]);
     assert_eq!(o.status.code(), Some(1));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(r["seeds_with_violations"].as_u64().unwrap() >= 15, "none should be caught on nearly every seed: {r}");
+    assert!(
+        r["seeds_with_violations"].as_u64().unwrap() >= 15,
+        "none should be caught on nearly every seed: {r}"
+    );
     let replay = r["first_failing"]["replay"].as_str().unwrap().to_string();
     assert!(replay.starts_with("mmulab check --protocol none --start "));
     // The replay command reproduces the failure.
@@ -133,16 +188,97 @@ fn broken_mach_variants_are_caught() {
 fn list_names_presets_protocols_and_workloads() {
     let o = mmulab(&["list"]);
     let s = stdout(&o);
-    for name in ["encore-multimax-1989", "black89", "none", "global", "mach", "tester", "bench", "random"] {
+    for name in [
+        "encore-multimax-1989",
+        "black89",
+        "none",
+        "global",
+        "mach",
+        "tester",
+        "bench",
+        "random",
+    ] {
         assert!(s.contains(name), "list lacks {name}");
     }
 }
 
 #[test]
 fn bench_json_reports_refs_per_second() {
-    let o = mmulab(&["bench", "--json", "--runs", "1", "--refs-per-thread", "20000"]);
+    let o = mmulab(&[
+        "bench",
+        "--json",
+        "--runs",
+        "1",
+        "--refs-per-thread",
+        "20000",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(r["refs_per_second"].as_f64().unwrap() > 0.0);
     assert!(r["workload"].as_str().unwrap().contains("16 threads"));
+}
+
+#[test]
+fn watchdog_reports_a_spin_past_its_bound_with_the_seed() {
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "protocol=mach",
+        "--set",
+        "engine.spin_bound=2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let l = &r["liveness"][0];
+    assert_eq!(l["seed"], 1);
+    assert!(
+        l["waiting_for"]
+            .as_str()
+            .unwrap()
+            .contains("mach initiator"),
+        "{l}"
+    );
+    assert_eq!(
+        r["workload"]["verdict"], "inconsistent",
+        "an unfinished tester is not a pass"
+    );
+}
+
+#[test]
+fn reproduce_black89_quick_writes_the_shared_row_format() {
+    let d = tmp("repro");
+    let o = mmulab(&[
+        "reproduce",
+        "black89",
+        "--quick",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}\n{}", stdout(&o), stderr(&o));
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("reproduce-black89.json")).unwrap())
+            .unwrap();
+    let rows = rows.as_array().unwrap();
+    for key in [
+        "artefact",
+        "quantity",
+        "paper",
+        "mmulab",
+        "deviation_pct",
+        "tolerance_pct",
+        "within",
+    ] {
+        assert!(rows[0].get(key).is_some(), "row lacks {key}");
+    }
+    let row = |q: &str| {
+        rows.iter()
+            .find(|r| r["quantity"] == q)
+            .unwrap_or_else(|| panic!("no {q} row"))
+    };
+    assert_eq!(row("slope_us_per_cpu")["within"], true);
+    assert_eq!(row("first_processor_us")["within"], true);
+    assert!(d.join("black89-fig2.svg").exists());
+    assert!(stdout(&o).contains("Table 1 (Parthenon)"));
 }

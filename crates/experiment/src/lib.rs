@@ -3,6 +3,7 @@
 //! spec and seed give byte-identical results (all but `host`).
 
 pub mod check;
+pub mod host_preset;
 pub mod preset;
 pub mod reproduce;
 pub mod results;
