@@ -846,9 +846,13 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
     let extra = matches!(refs.kind, RefKind::Increment) as u64;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
+    // Addresses are generated incrementally (no division per reference).
+    let mut va = refs.va(pos);
+    let wrap_end = refs.base + refs.wrap;
+    let step_back = refs.wrap;
+    let stride_fits = refs.wrap == 0 || refs.stride < refs.wrap;
+    let store = !matches!(refs.kind, RefKind::Load);
     while pos < refs.count && w.cpus[ci].local < end {
-        let va = refs.va(pos);
-        let store = !matches!(refs.kind, RefKind::Load);
         match translate(w, cpu, tid, va, store) {
             Ok(pfn) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -868,6 +872,14 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
                 w.refs += 1 + extra;
                 w.cpus[ci].local += ref_cycles;
                 pos += 1;
+                if stride_fits {
+                    va += refs.stride;
+                    if refs.wrap > 0 && va >= wrap_end {
+                        va -= step_back;
+                    }
+                } else {
+                    va = refs.va(pos);
+                }
             }
             Err(()) => {
                 trap = Some(Trap::Fault { va, store });
