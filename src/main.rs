@@ -9,6 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mmulab_experiment::{Results, Spec};
 use mmulab_report::Table;
 
+mod trace_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "mmulab",
@@ -61,7 +63,7 @@ enum Command {
     },
     /// Reproduce a paper's evaluation: paper vs mmulab, side by side.
     Reproduce {
-        /// black89 (more papers join as their issues land).
+        /// black89 or balan92 (more papers join as their issues land).
         paper: String,
         /// Write DIR/reproduce-PAPER.json and the figures as SVG.
         #[arg(long, value_name = "DIR")]
@@ -73,6 +75,9 @@ enum Command {
         #[arg(long, default_value = "experiments")]
         experiments: PathBuf,
     },
+    /// Memory traces: capture, simulate, export, benchmark.
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCommand),
     /// Real measurements on this Linux host.
     #[command(subcommand)]
     Host(HostCommand),
@@ -125,7 +130,9 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mmulab: {e:#}");
-            if e.downcast_ref::<mmulab_experiment::SpecError>().is_some() {
+            if e.downcast_ref::<mmulab_experiment::SpecError>().is_some()
+                || e.downcast_ref::<trace_cmd::BadInput>().is_some()
+            {
                 ExitCode::from(2)
             } else {
                 ExitCode::from(1)
@@ -284,9 +291,15 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     out.as_deref(),
                     &|m| eprintln!("{m}"),
                 )?,
+                "balan92" => mmulab_experiment::reproduce::balan92::reproduce(
+                    &dir,
+                    quick,
+                    out.as_deref(),
+                    &|m| eprintln!("{m}"),
+                )?,
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89)"
+                        "reproduce: unknown paper `{other}` (available: black89, balan92)"
                     ))
                     .into());
                 }
@@ -434,6 +447,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+        Command::Trace(t) => trace_cmd::run(t),
         Command::List => {
             let mut t = Table::new(&["preset", "models", "inputs from"]);
             for p in mmulab_experiment::preset::all() {

@@ -1,0 +1,196 @@
+//! `mmulab trace …`: memory traces (crates/trace). Parse, call, print.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use mmulab_trace::bench::{BenchOptions, Workload, bench};
+use mmulab_trace::export::{ExportFormat, export};
+use mmulab_trace::{ReadOptions, SimOptions, simulate, stack_sim};
+
+#[derive(Subcommand)]
+pub enum TraceCommand {
+    /// Simulate one unified TLB over a trace (Valgrind lackey log or
+    /// mmulab binary trace).
+    Sim {
+        trace: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        entries: u32,
+        /// Associativity; equal to --entries (the default) is fully associative.
+        #[arg(long)]
+        ways: Option<u32>,
+        /// lru, fifo or random.
+        #[arg(long, default_value = "lru")]
+        policy: String,
+        #[arg(long, default_value_t = 4096)]
+        page_size: u64,
+        /// Seed of the random policy.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Keep the complete records of a truncated trace and warn.
+        #[arg(long)]
+        allow_truncated: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Misses of every fully associative LRU size 1..=MAX in one pass
+    /// (Mattson stack simulation).
+    Stack {
+        trace: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        max: usize,
+        #[arg(long, default_value_t = 4096)]
+        page_size: u64,
+        #[arg(long)]
+        allow_truncated: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command under Valgrind lackey and write a compact binary trace
+    /// (one per process: F, F.PID…), parsing the logs as they are written.
+    Capture {
+        #[arg(short = 'o', default_value = "trace.mmutrace")]
+        out: PathBuf,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Write exactly the references simulated (page-crossing accesses split,
+    /// M as a load then a store) for Dinero IV.
+    Export {
+        trace: PathBuf,
+        /// xdin (r|w|i ADDR SIZE; dineroIV -informat D) or din (0|1|2 ADDR SIZE).
+        #[arg(long, default_value = "xdin")]
+        format: String,
+        #[arg(long, default_value_t = 4096)]
+        page_size: u64,
+        #[arg(long)]
+        allow_truncated: bool,
+    },
+    /// Decode, binary read, Mattson and sweep rates on this host.
+    Bench {
+        /// A lackey log to measure on (default: capture gzip under Valgrind,
+        /// or a synthetic log when that fails).
+        log: Option<PathBuf>,
+    },
+}
+
+/// Runs a trace command; `Err` carries the exit code for bad input (2).
+pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
+    let code = |e: mmulab_trace::TraceError| -> anyhow::Error {
+        if e.is_bad_input() {
+            anyhow::Error::new(BadInput(e.to_string()))
+        } else {
+            anyhow::Error::new(e)
+        }
+    };
+    match cmd {
+        TraceCommand::Sim {
+            trace,
+            entries,
+            ways,
+            policy,
+            page_size,
+            seed,
+            allow_truncated,
+            json,
+        } => {
+            let policy = policy.parse().map_err(code)?;
+            let o = SimOptions {
+                entries,
+                ways,
+                policy,
+                page_size,
+                seed,
+            };
+            let r = simulate(&trace, &o, &ReadOptions { allow_truncated }).map_err(code)?;
+            for w in &r.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{} entries, {}-way, {}, {}-byte pages: {} refs, {} misses ({:.4}%)",
+                    r.entries,
+                    r.ways,
+                    r.policy,
+                    r.page_size,
+                    r.refs,
+                    r.misses,
+                    100.0 * r.miss_rate
+                );
+            }
+        }
+        TraceCommand::Stack {
+            trace,
+            max,
+            page_size,
+            allow_truncated,
+            json,
+        } => {
+            let r = stack_sim(&trace, page_size, max, &ReadOptions { allow_truncated })
+                .map_err(code)?;
+            for w in &r.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("entries\tmisses");
+                for n in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+                    .into_iter()
+                    .filter(|&n| n <= max)
+                {
+                    println!("{n}\t{}", r.misses_at(n));
+                }
+            }
+        }
+        TraceCommand::Capture { out, command } => {
+            let s = mmulab_trace::capture::capture(&out, &command).map_err(code)?;
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        TraceCommand::Export {
+            trace,
+            format,
+            page_size,
+            allow_truncated,
+        } => {
+            let format: ExportFormat = format.parse().map_err(code)?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let (_, warnings) = export(
+                &trace,
+                page_size,
+                format,
+                &ReadOptions { allow_truncated },
+                &mut out,
+            )
+            .map_err(code)?;
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+        TraceCommand::Bench { log } => {
+            let mut o = BenchOptions::default();
+            if let Some(p) = log {
+                o.workload = Workload::Lackey(p);
+            }
+            let r = bench(&o).map_err(code)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A trace the user gave is malformed or truncated: exit status 2.
+#[derive(Debug)]
+pub struct BadInput(pub String);
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for BadInput {}
