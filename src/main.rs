@@ -291,15 +291,19 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     out.as_deref(),
                     &|m| eprintln!("{m}"),
                 )?,
-                "balan92" => mmulab_experiment::reproduce::balan92::reproduce(
-                    &dir,
-                    quick,
-                    out.as_deref(),
-                    &|m| eprintln!("{m}"),
-                )?,
+                "fleisch89" => {
+                    let report = mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
+                        eprintln!("{m}")
+                    })?;
+                    print!("{}", report.text);
+                    if let Some(dir) = &out {
+                        println!("wrote {}/reproduce-{paper}.json and SVG figures", dir.display());
+                    }
+                    return Ok(if report.all_within { ExitCode::SUCCESS } else { ExitCode::from(1) });
+                }
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89, balan92)"
+                        "reproduce: unknown paper `{other}` (available: black89, fleisch89)"
                     ))
                     .into());
                 }
