@@ -282,3 +282,30 @@ fn reproduce_black89_quick_writes_the_shared_row_format() {
     assert!(d.join("black89-fig2.svg").exists());
     assert!(stdout(&o).contains("Table 1 (Parthenon)"));
 }
+
+/// Regression: with more than 512 children the counters spilled into an
+/// unmapped second page, those children never started and the tester
+/// waited forever (found running black89's §8 extrapolation at 768 CPUs).
+#[test]
+fn tester_with_more_children_than_counters_per_page_finishes() {
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "protocol=mach",
+        "--set",
+        "preset=\"generic\"",
+        "--set",
+        "machine.cpus=520",
+        "--set",
+        "workload.children=519",
+        "--set",
+        "workload.warmup_cycles=2000",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["workload"]["verdict"], "consistent", "{}", r["workload"]);
+    assert_eq!(r["workload"]["figures"]["children_faulted"], 519.0);
+    assert_eq!(r["oracle"]["violations"], 0);
+}

@@ -172,7 +172,7 @@ impl Program for Main {
                 Step::Map => {
                     self.step = Step::Touch;
                     return Op::Syscall(Syscall::Mmap {
-                        pages: 1,
+                        pages: counter_pages(k),
                         prot: Prot::ReadWrite,
                     });
                 }
@@ -209,7 +209,7 @@ impl Program for Main {
                     self.t0 = ctx.now.0;
                     return Op::Syscall(Syscall::Mprotect {
                         va: self.page,
-                        pages: 1,
+                        pages: counter_pages(k),
                         prot: Prot::Read,
                     });
                 }
@@ -253,6 +253,13 @@ impl Program for Main {
             }
         }
     }
+}
+
+/// Counters are 8-byte words, 512 to a page: the paper's one page holds
+/// up to 512 children; larger machines (the §8 extrapolation) get as many
+/// pages as they need, reprotected by one call.
+fn counter_pages(children: usize) -> u64 {
+    children.div_ceil(512) as u64
 }
 
 struct Child {
