@@ -292,14 +292,22 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     &|m| eprintln!("{m}"),
                 )?,
                 "fleisch89" => {
-                    let report = mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
-                        eprintln!("{m}")
-                    })?;
+                    let report =
+                        mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
+                            eprintln!("{m}")
+                        })?;
                     print!("{}", report.text);
                     if let Some(dir) = &out {
-                        println!("wrote {}/reproduce-{paper}.json and SVG figures", dir.display());
+                        println!(
+                            "wrote {}/reproduce-{paper}.json and SVG figures",
+                            dir.display()
+                        );
                     }
-                    return Ok(if report.all_within { ExitCode::SUCCESS } else { ExitCode::from(1) });
+                    return Ok(if report.all_within {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    });
                 }
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
