@@ -291,6 +291,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     out.as_deref(),
                     &|m| eprintln!("{m}"),
                 )?,
+                "balan92" => mmulab_experiment::reproduce::balan92::reproduce(
+                    &dir,
+                    quick,
+                    out.as_deref(),
+                    &|m| eprintln!("{m}"),
+                )?,
                 "fleisch89" => {
                     let report =
                         mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
@@ -311,7 +317,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89, fleisch89)"
+                        "reproduce: unknown paper `{other}` (available: black89, balan92, fleisch89)"
                     ))
                     .into());
                 }

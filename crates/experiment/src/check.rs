@@ -48,6 +48,79 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             "[kernel.disabled_windows]\nmean_interval_cycles = 20000\nmean_length_cycles = 3000\n",
         );
     }
+    if protocol.starts_with("svr42") {
+        // balan92's lazy kernel shootdowns depend on the clock tick and on
+        // how soon segkmem reuses a freed address: draw a tick from very
+        // short (many flushes and frees per tick, where a non-strict
+        // compare or a late stamp shows) to the real 100 Hz, and a segkmem
+        // small enough to wrap. Drawn after every other parameter, so the
+        // swarm of the other protocols is unchanged.
+        let hz = *r.pick(&[100u64, 10_000, 200_000, 1_000_000, 5_000_000]);
+        let pages = *r.pick(&[384u64, 512, 1024]);
+        let zone = *r.pick(&[1u64, 2, 16]);
+        if r.chance(0.3) {
+            text = text.replace(
+                "[protocol_options]\n",
+                "[protocol_options]\nsingle_entry_flush = true\n",
+            );
+        }
+        let l1 = *r.pick(&[0u64, 1, 4, 64]);
+        let chunks = r.chance(0.8);
+        text = text.replace(
+            "[protocol_options]\n",
+            &format!("[protocol_options]\nl1_trick_pages = {l1}\nmapping_chunks = {chunks}\n"),
+        );
+        // A quarter of the seeds run black89's tester, half run kmem churn
+        // (one thread per CPU allocating, freeing and touching each
+        // other's kernel memory: the lazy kernel path under load), a
+        // quarter keep the random mix.
+        let kind = r.below(4);
+        if kind == 0 {
+            // black89's tester: every CPU increments one page while its
+            // protection is reduced, the immediate path under load.
+            let start = text.find("[workload]").expect("workload table");
+            let end = text[start + 1..]
+                .find("\n[")
+                .map_or(text.len(), |i| start + 1 + i + 1);
+            text.replace_range(
+                start..end,
+                &format!(
+                    "[workload]\nkind = \"tester\"\nchildren = {}\nsettle_cycles = 200000\n",
+                    cpus - 1
+                ),
+            );
+        } else if kind == 3 && r.chance(0.5) {
+            // The random mix with CPUs going offline and online.
+            text = text.replace("kind = \"random\"\n", "kind = \"random\"\nhotplug = true\n");
+        } else if kind < 3 {
+            let start = text.find("[workload]").expect("workload table");
+            let end = text[start + 1..]
+                .find("\n[")
+                .map_or(text.len(), |i| start + 1 + i + 1);
+            let threads = r.range_inclusive(1, cpus as u64);
+            let allocations = r.range_inclusive(20, 120);
+            let live = r.range_inclusive(1, 4);
+            text.replace_range(
+                start..end,
+                &format!(
+                    "[workload]\nkind = \"kmem-churn\"\nthreads = {threads}\nallocations = {allocations}\nlive = {live}\nmax_pages = 4\ntouch = true\n"
+                ),
+            );
+        }
+        if !text.contains("[kernel]\n") {
+            text.push_str("[kernel]\n");
+            text.push_str(&format!(
+                "hz = {hz}\nsegkmem_pages = {pages}\nsegkmem_zone_bytes = {zone}\n"
+            ));
+        } else {
+            text = text.replace(
+                "[kernel]\n",
+                &format!(
+                    "[kernel]\nhz = {hz}\nsegkmem_pages = {pages}\nsegkmem_zone_bytes = {zone}\n"
+                ),
+            );
+        }
+    }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
 }
 

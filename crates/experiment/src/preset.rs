@@ -26,6 +26,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "encore-multimax-1989",
         include_str!("../../../presets/encore-multimax-1989.toml"),
     ),
+    (
+        "sequent-symmetry-1992",
+        include_str!("../../../presets/sequent-symmetry-1992.toml"),
+    ),
 ];
 
 fn parse(text: &str, origin: &str) -> Result<Preset, SpecError> {

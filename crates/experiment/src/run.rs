@@ -40,6 +40,11 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
         max_cycles: spec.engine.max_cycles,
         disabled_windows: spec.kernel.disabled_windows.clone(),
         trap_disabled_mean_cycles: spec.kernel.trap_disabled_mean_cycles,
+        kernel: mmulab_kernel::KernelParams {
+            hz: spec.kernel.hz,
+            segkmem_pages: spec.kernel.segkmem_pages,
+            segkmem_zone_bytes: spec.kernel.segkmem_zone_bytes,
+        },
     }
 }
 
@@ -51,6 +56,9 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
         lazy: o.lazy,
         flush_threshold: o.flush_threshold,
         action_queue: o.action_queue,
+        single_entry_flush: o.single_entry_flush,
+        l1_trick_pages: o.l1_trick_pages,
+        mapping_chunks: o.mapping_chunks,
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

@@ -111,7 +111,7 @@ impl Default for EngineSpec {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KernelSpec {
     /// Interrupt-disabled kernel windows taken from user mode (black89
@@ -120,6 +120,26 @@ pub struct KernelSpec {
     /// Mean length (cycles, exponential) of the interrupt-disabled section
     /// of every system call and fault; 0 = none.
     pub trap_disabled_mean_cycles: u64,
+    /// Clock ticks per second (`lbolt`); default 100.
+    pub hz: u64,
+    /// Pages of kernel virtual space managed by segkmem (balan92); default
+    /// 4096 (16 MB).
+    pub segkmem_pages: u64,
+    /// Bytes of segkmem bitmap per zone (balan92: default 16).
+    pub segkmem_zone_bytes: u64,
+}
+
+impl Default for KernelSpec {
+    fn default() -> Self {
+        let k = mmulab_kernel::KernelParams::default();
+        KernelSpec {
+            disabled_windows: None,
+            trap_disabled_mean_cycles: 0,
+            hz: k.hz,
+            segkmem_pages: k.segkmem_pages,
+            segkmem_zone_bytes: k.segkmem_zone_bytes,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -131,6 +151,15 @@ pub struct ProtocolOptionsSpec {
     pub flush_threshold: u64,
     /// Per-CPU action-queue size (overflow → full flush).
     pub action_queue: usize,
+    /// svr42: immediate shootdowns invalidate single entries (balan92
+    /// §Other Architectures); default false (the i386 flushes whole TLBs).
+    pub single_entry_flush: bool,
+    /// svr42: ranges of at least this many pages use the L1 trick (i386
+    /// tables only); 0 = off; default 64.
+    pub l1_trick_pages: u64,
+    /// svr42: skip spans without a mapping chunk (balan92 §Background);
+    /// default true.
+    pub mapping_chunks: bool,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -140,6 +169,9 @@ impl Default for ProtocolOptionsSpec {
             lazy: d.lazy,
             flush_threshold: d.flush_threshold,
             action_queue: d.action_queue,
+            single_entry_flush: d.single_entry_flush,
+            l1_trick_pages: d.l1_trick_pages,
+            mapping_chunks: d.mapping_chunks,
         }
     }
 }
@@ -270,6 +302,28 @@ impl Spec {
             return Err(invalid(
                 "kernel.disabled_windows.mean_interval_cycles: must be at least 1",
             ));
+        }
+        let k = &self.kernel;
+        if k.hz == 0 {
+            return Err(invalid("kernel.hz: must be at least 1"));
+        }
+        if k.segkmem_zone_bytes == 0 {
+            return Err(invalid(
+                "kernel.segkmem_zone_bytes: must be at least 1 (balan92's default is 16)",
+            ));
+        }
+        if k.segkmem_pages == 0 {
+            return Err(invalid("kernel.segkmem_pages: must be at least 1"));
+        }
+        // balan92 §Physical Memory Scalability: the kernel has 1 GB of the
+        // i386's 4 GB virtual space, shared by segkmem, segmap and segu.
+        const KERNEL_VIRTUAL_PAGES: u64 = (1 << 30) / 4096;
+        // segkmem starts 256 pages above the kernel base.
+        if k.segkmem_pages > KERNEL_VIRTUAL_PAGES - 0x100 {
+            return Err(invalid(format!(
+                "kernel.segkmem_pages: {} pages exceed the 1 GB kernel virtual space ({} pages)",
+                k.segkmem_pages, KERNEL_VIRTUAL_PAGES
+            )));
         }
         self.workload.validate(m.cpus).map_err(invalid)?;
         Ok(())

@@ -64,6 +64,14 @@ pub struct Costs {
     pub bus_contention_cycles: u64,
     /// Number of concurrent bus users the bus absorbs without slowdown.
     pub bus_free_users: u64,
+    /// Extra delivery latency of one interprocessor interrupt, drawn
+    /// uniformly from 0 to this value per target (interrupt fan-out
+    /// variance; balan92 §Shutdown Measurements gives it as the reason
+    /// Fig. 1 is not linear). 0 draws nothing.
+    pub ipi_jitter_cycles: u64,
+    /// Read, compare or store one per-CPU TLB cookie or the global
+    /// least-recently-flushed cookie (balan92 §Lazy Shutdown Algorithm).
+    pub hat_cookie_cycles: u64,
 }
 
 impl Default for Costs {
@@ -97,6 +105,8 @@ impl Default for Costs {
             idle_poll_cycles: 1000,
             bus_contention_cycles: 0,
             bus_free_users: 12,
+            ipi_jitter_cycles: 0,
+            hat_cookie_cycles: 5,
         }
     }
 }

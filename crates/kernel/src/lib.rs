@@ -13,6 +13,8 @@
 //!   faults, copy-on-write, fork, mmap/munmap/mprotect.
 //! * [`sched`] — threads, the run queue, context switches, the idle loop.
 //! * [`program`] — what a simulated thread runs.
+//! * [`segkmem`] — balan92's kernel memory segment driver: a bitmap in
+//!   zones, each with the cookie of its last free.
 //! * [`costs`] — every cost the model charges, in cycles (a preset's input).
 
 pub mod costs;
@@ -20,12 +22,13 @@ pub mod cpu;
 pub mod pmap;
 pub mod program;
 pub mod sched;
+pub mod segkmem;
 pub mod sim;
 pub mod vm;
 
 pub use costs::Costs;
 pub use cpu::{Ipl, Irq};
-pub use pmap::{Change, PmapId, Protocol, Update};
+pub use pmap::{Change, Cookie, PmapId, Protocol, Update};
 pub use program::{Op, Program, Prot, RefKind, Refs, Syscall, ThreadCtx};
-pub use sim::{KFuture, Sim, SimConfig, SimResult};
+pub use sim::{KFuture, KernelParams, Sim, SimConfig, SimResult};
 pub use vm::{TaskId, ThreadId};

@@ -170,6 +170,32 @@ pub trait Protocol {
     fn offline<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId) -> KFuture<'a> {
         Box::pin(async {})
     }
+
+    /// balan92 §Multiprocessor Interfaces, `hat_getshootcookie()`: an
+    /// opaque age of the TLBs, for lazy kernel shootdowns. `None` (the
+    /// default): the protocol has no lazy kernel shootdown; the VM layer
+    /// then never reuses a freed kernel address and completes every kernel
+    /// unload when the pmap call returns.
+    fn hat_getshootcookie(&self, _sim: &Sim) -> Option<u64> {
+        None
+    }
+
+    /// balan92 `hat_shutdown(cookie, flag)`: flush every online CPU whose
+    /// TLB is older than the cookie (all of them for
+    /// [`Cookie::NoCookie`]). Only called when `hat_getshootcookie` gives
+    /// cookies, or by the measurement system call.
+    fn hat_shutdown<'a>(&'a self, _sim: &'a Sim, _cpu: CpuId, _cookie: Cookie) -> KFuture<'a> {
+        Box::pin(async {})
+    }
+}
+
+/// The argument of `hat_shutdown`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cookie {
+    /// A value from `hat_getshootcookie`.
+    Age(u64),
+    /// `HAT_NOCOOKIE`: flush every online CPU (balan92 Fig. 1's basic cost).
+    NoCookie,
 }
 
 pub fn rights_of(pte: Pte) -> Rights {

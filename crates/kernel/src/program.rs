@@ -98,6 +98,22 @@ pub enum Syscall {
         va: u64,
         pages: u64,
     },
+    /// A kernel-level measurement call (balan92 §Shutdown Measurements):
+    /// `hat_shutdown(HAT_NOCOOKIE)` when `nocookie`, else
+    /// `hat_shutdown(hat_getshootcookie())`, a cookie at least as new as
+    /// every CPU's.
+    HatShutdown {
+        nocookie: bool,
+    },
+    /// Take the CPU this thread runs on offline (the thread moves to
+    /// another CPU). Returns the CPU's number, or `u64::MAX` when it is the
+    /// last online CPU (refused).
+    CpuOffline,
+    /// Bring an offline CPU back online. Returns 0, or `u64::MAX` when it
+    /// was not offline.
+    CpuOnline {
+        cpu: CpuId,
+    },
 }
 
 pub enum Op {

@@ -96,6 +96,9 @@ impl Sim {
     /// idle loop.
     async fn dispatch(&self, cpu: CpuId) {
         loop {
+            if !self.w().cpus[cpu.index()].online {
+                self.parked(cpu).await;
+            }
             let cur = self.w().cpus[cpu.index()].thread;
             if let Some(t) = cur {
                 let now = self.now();
@@ -112,6 +115,21 @@ impl Sim {
             }
             self.idle(cpu).await;
         }
+    }
+
+    /// An offline CPU waits, executing nothing and taking no interrupt,
+    /// until it is onlined; then it runs the protocol's `online` (balan92
+    /// `hat_online`: join the kernel's CPU set, flush the TLB).
+    async fn parked(&self, cpu: CpuId) {
+        let poll = Cycles(self.costs().idle_poll_cycles.max(1));
+        while !self.w().cpus[cpu.index()].online {
+            if self.w().stop {
+                std::future::pending::<()>().await;
+            }
+            self.idle_wait(cpu, poll).await;
+        }
+        let p = self.protocol();
+        p.online(self, cpu).await;
     }
 
     fn pick(&self, cpu: CpuId) -> Option<ThreadId> {

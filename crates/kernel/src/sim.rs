@@ -72,6 +72,33 @@ pub struct SimConfig {
     /// in every system call and fault; 0 = none (black89 §8: "the kernel
     /// disables shootdown (and other) interrupts in many places").
     pub trap_disabled_mean_cycles: u64,
+    /// Kernel parameters: the clock tick and the kernel segment drivers.
+    pub kernel: KernelParams,
+}
+
+/// Kernel parameters beyond timing (balan92's tunables).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelParams {
+    /// Clock interrupts per second: `lbolt` (ticks since boot) is
+    /// `now / (clock_hz / hz)`, derived rather than simulated, so that it
+    /// costs no events and is deterministic.
+    pub hz: u64,
+    /// Pages of kernel virtual space managed by segkmem (balan92 §Lazy
+    /// Shutdowns), used when the protocol has lazy kernel shootdowns.
+    pub segkmem_pages: u64,
+    /// Bytes of segkmem bitmap per zone (balan92: "the default value is 16
+    /// bytes", i.e. 128 pages per zone).
+    pub segkmem_zone_bytes: u64,
+}
+
+impl Default for KernelParams {
+    fn default() -> Self {
+        KernelParams {
+            hz: 100,
+            segkmem_pages: 4096,
+            segkmem_zone_bytes: 16,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -129,6 +156,9 @@ pub struct World {
     pub kernel_regions: BTreeMap<u64, u64>,
     /// The kernel map's lock.
     pub kernel_vm_lock: usize,
+    /// segkmem's bitmap and zone cookies (used by protocols with lazy
+    /// kernel shootdowns).
+    pub segkmem: crate::segkmem::Segkmem,
 }
 
 impl World {
@@ -140,6 +170,10 @@ impl World {
     }
     pub fn is_online(&self, c: CpuId) -> bool {
         self.cpus[c.index()].online
+    }
+    /// Cycles per clock tick (at least one).
+    pub fn tick_cycles(&self) -> u64 {
+        ((self.cfg.costs.clock_hz / self.cfg.kernel.hz.max(1) as f64).round() as u64).max(1)
     }
 }
 
@@ -238,6 +272,11 @@ impl Sim {
             kernel_regions: BTreeMap::new(),
             kernel_vm_lock: 0,
             locks: vec![None],
+            segkmem: crate::segkmem::Segkmem::new(
+                (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
+                cfg.kernel.segkmem_pages,
+                cfg.kernel.segkmem_zone_bytes,
+            ),
             cfg,
         };
         let n = world.cpus.len();
@@ -269,6 +308,13 @@ impl Sim {
 
     pub fn costs(&self) -> Costs {
         self.w().cfg.costs.clone()
+    }
+
+    /// Clock ticks since boot (SVR4's `lbolt`), derived from simulated
+    /// time and `hz`.
+    pub fn lbolt(&self) -> u64 {
+        let w = self.w();
+        w.now().0 / w.tick_cycles()
     }
 
     pub fn count(&self, name: &str, n: u64) {
@@ -506,7 +552,13 @@ impl Sim {
         let costs = self.costs();
         self.delay(cpu, Cycles(costs.ipi_send_cycles)).await;
         let mut w = self.w();
-        let at = w.now() + Cycles(costs.ipi_latency_cycles) + Self::bus_penalty(&w, &costs);
+        let jitter = if costs.ipi_jitter_cycles > 0 {
+            w.cpus[cpu.index()].rng.below(costs.ipi_jitter_cycles + 1)
+        } else {
+            0
+        };
+        let at =
+            w.now() + Cycles(costs.ipi_latency_cycles + jitter) + Self::bus_penalty(&w, &costs);
         w.queue.push(at, Event::Irq { cpu: target, irq });
         w.counters.add("ipi.sent", 1);
     }

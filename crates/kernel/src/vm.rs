@@ -541,28 +541,43 @@ impl Sim {
                 child_task.0 as u64
             }
             Syscall::KmemAlloc { pages, wired } => {
-                let start = {
-                    let mut w = self.w();
-                    let s = w.kmem_next;
-                    w.kmem_next += pages + 1;
-                    w.kernel_regions.insert(s, pages);
-                    s
-                };
-                for i in (0..pages).filter(|_| wired) {
-                    let pfn = self
-                        .w()
-                        .mem
-                        .alloc_data()
-                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                    let p = self.protocol();
-                    p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
-                        .await;
+                let p = self.protocol();
+                if p.hat_getshootcookie(self).is_some() {
+                    self.kmem_alloc_segkmem(cpu, pages, wired).await
+                } else {
+                    let start = {
+                        let mut w = self.w();
+                        let s = w.kmem_next;
+                        w.kmem_next += pages + 1;
+                        w.kernel_regions.insert(s, pages);
+                        s
+                    };
+                    for i in (0..pages).filter(|_| wired) {
+                        let pfn = self
+                            .w()
+                            .mem
+                            .alloc_data()
+                            .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                        p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+                            .await;
+                    }
+                    self.count("vm.kmem_allocs", 1);
+                    start << PAGE_SHIFT
                 }
-                self.count("vm.kmem_allocs", 1);
-                start << PAGE_SHIFT
             }
             Syscall::KmemFree { va, pages } => {
                 let start = va >> PAGE_SHIFT;
+                let lazy_kernel = self.protocol().hat_getshootcookie(self).is_some();
+                if lazy_kernel {
+                    // The address will be reused: retire the region under
+                    // the kernel map's lock first, so that a concurrent
+                    // kernel fault either maps before the unload (and is
+                    // unloaded with it) or finds a bad address.
+                    let lock = self.w().kernel_vm_lock;
+                    self.lock(cpu, lock).await;
+                    self.w().kernel_regions.remove(&start);
+                    self.unlock(cpu, lock).await;
+                }
                 let frames: Vec<Pfn> = {
                     let w = self.w();
                     (start..start + pages)
@@ -571,7 +586,7 @@ impl Sim {
                         .map(|p| p.pfn())
                         .collect()
                 };
-                self.begin_op(cpu, "kmem free");
+                let op = self.begin_op(cpu, "kmem free");
                 let p = self.protocol();
                 p.update(
                     self,
@@ -584,12 +599,69 @@ impl Sim {
                     },
                 )
                 .await;
+                let deferred = self.w().oracle.op(op).lazy;
                 self.end_op(cpu);
+                // balan92 §Lazy Shutdowns: the free sets the zone cookie,
+                // read after the translations were unloaded.
+                let cookie = p.hat_getshootcookie(self);
                 let mut w = self.w();
                 w.kernel_regions.remove(&start);
                 for f in frames {
                     w.mem.free(f);
                 }
+                if let Some(c) = cookie {
+                    w.segkmem.free(start, pages, c, deferred.then_some(op));
+                }
+                0
+            }
+            Syscall::CpuOffline => {
+                let online = self.w().cpus.iter().filter(|c| c.online).count();
+                if online <= 1 {
+                    self.count("cpu.offline_refused", 1);
+                    u64::MAX
+                } else {
+                    // The thread moves off this CPU, the CPU leaves its
+                    // address space and the protocol's CPU sets
+                    // (balan92 hat_offline), then stops (the dispatcher
+                    // parks it until it is onlined).
+                    {
+                        let mut w = self.w();
+                        let th = &mut w.threads[tid.0 as usize];
+                        th.affinity = None;
+                        th.state = ThreadState::Runnable;
+                        w.cpus[cpu.index()].thread = None;
+                    }
+                    let p = self.protocol();
+                    let loaded = self.w().cpus[cpu.index()].pmap;
+                    if let Some(o) = loaded {
+                        p.deactivate(self, cpu, o).await;
+                    }
+                    p.offline(self, cpu).await;
+                    self.w().cpus[cpu.index()].online = false;
+                    self.count("cpu.offlines", 1);
+                    self.make_runnable(tid);
+                    cpu.0 as u64
+                }
+            }
+            Syscall::CpuOnline { cpu: target } => {
+                let offline = self.w().cpus.get(target.index()).is_some_and(|c| !c.online);
+                if offline {
+                    // The CPU runs `hat_online` itself when it wakes.
+                    self.w().cpus[target.index()].online = true;
+                    self.post_irq(target, crate::cpu::Irq::Reschedule, Cycles(0));
+                    self.count("cpu.onlines", 1);
+                    0
+                } else {
+                    u64::MAX
+                }
+            }
+            Syscall::HatShutdown { nocookie } => {
+                let p = self.protocol();
+                let cookie = match (nocookie, p.hat_getshootcookie(self)) {
+                    (false, Some(c)) => crate::pmap::Cookie::Age(c),
+                    _ => crate::pmap::Cookie::NoCookie,
+                };
+                p.hat_shutdown(self, cpu, cookie).await;
                 0
             }
             Syscall::ThreadCreate { program, cpu: on } => {
@@ -609,6 +681,58 @@ impl Sim {
             }
         };
         self.w().threads[tid.0 as usize].ret = ret;
+    }
+
+    /// balan92 §Lazy Shutdowns: allocate from segkmem's bitmap; a zone
+    /// freed since its addresses were last flushed costs a
+    /// `hat_shutdown(zone cookie)` before the pages are used, and when it
+    /// returns the frees it covers are complete (the oracle's lazy
+    /// completion point). Wired pages are mapped before the range becomes a
+    /// kernel region, so that a stale toucher faults (bad address) rather
+    /// than racing the mapping.
+    async fn kmem_alloc_segkmem(&self, cpu: CpuId, pages: u64, wired: bool) -> u64 {
+        let lock = self.w().kernel_vm_lock;
+        self.lock(cpu, lock).await;
+        let (start, unflushed) = {
+            let mut w = self.w();
+            let start = w.segkmem.alloc(pages).unwrap_or_else(|| {
+                panic!(
+                    "segkmem exhausted ({} pages): raise kernel.segkmem_pages",
+                    w.segkmem.pages()
+                )
+            });
+            let unflushed = w.segkmem.unflushed(start, pages);
+            if !wired {
+                w.kernel_regions.insert(start, pages);
+            }
+            (start, unflushed)
+        };
+        self.unlock(cpu, lock).await;
+        let p = self.protocol();
+        for (zone, cookie) in unflushed {
+            self.count("segkmem.hat_shutdown_calls", 1);
+            p.hat_shutdown(self, cpu, crate::pmap::Cookie::Age(cookie))
+                .await;
+            let done = self.w().segkmem.flushed(zone, cookie);
+            for op in done {
+                self.complete_op(op);
+            }
+        }
+        if wired {
+            for i in 0..pages {
+                let pfn = self
+                    .w()
+                    .mem
+                    .alloc_data()
+                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+                    .await;
+            }
+            self.w().kernel_regions.insert(start, pages);
+        }
+        self.count("vm.kmem_allocs", 1);
+        self.count("segkmem.allocs", 1);
+        start << PAGE_SHIFT
     }
 
     /// Frees the pages [offset, offset + pages) of an object no one else

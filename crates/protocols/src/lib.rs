@@ -6,6 +6,7 @@
 pub mod global;
 pub mod mach;
 pub mod none;
+pub mod svr42;
 
 use std::rc::Rc;
 
@@ -30,6 +31,19 @@ pub struct ProtocolOptions {
     pub flush_threshold: u64,
     /// Size of each CPU's action queue (black89 §4 detail 2).
     pub action_queue: usize,
+    /// balan92 §Other Architectures: the MMU can flush single TLB entries;
+    /// svr42's immediate shootdowns then invalidate the range (up to
+    /// `flush_threshold` pages) instead of flushing whole TLBs.
+    pub single_entry_flush: bool,
+    /// svr42 on i386 tables: immediate shootdowns of at least this many
+    /// pages use the L1 trick (balan92 §Immediate Shutdown Algorithm); 0
+    /// turns it off.
+    pub l1_trick_pages: u64,
+    /// svr42: range operations look PTEs up through mapping chunks (one
+    /// per 32 PTEs, present only while one of them is valid) and skip
+    /// spans without one (balan92 §Background); false scans every PTE of
+    /// the range's page tables.
+    pub mapping_chunks: bool,
 }
 
 impl Default for ProtocolOptions {
@@ -38,6 +52,9 @@ impl Default for ProtocolOptions {
             lazy: true,
             flush_threshold: 8,
             action_queue: 4,
+            single_entry_flush: false,
+            l1_trick_pages: 64,
+            mapping_chunks: true,
         }
     }
 }
@@ -78,6 +95,30 @@ pub const REGISTRY: &[Entry] = &[
         about: "broken mach: responders flush before the pmap is unlocked (negative control)",
         negative_control: true,
         make: |o| Rc::new(mach::Mach::new(o, mach::Mutation::FlushBeforeUnlock)),
+    },
+    Entry {
+        name: "svr42",
+        about: "balan92's SVR4.2 MP HAT: lazy cookie-based kernel shootdowns, immediate user shootdowns",
+        negative_control: false,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::None)),
+    },
+    Entry {
+        name: "svr42-no-cookie-check",
+        about: "broken svr42: hat_shutdown always returns early (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::NoCookieCheck)),
+    },
+    Entry {
+        name: "svr42-nonstrict-tick",
+        about: "broken svr42: a flush in the free's tick counts as newer (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::NonStrictTick)),
+    },
+    Entry {
+        name: "svr42-no-spin",
+        about: "broken svr42: immediate responders flush without waiting on the counter (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::NoSpin)),
     },
 ];
 

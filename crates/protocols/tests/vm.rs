@@ -24,6 +24,7 @@ fn sim(protocol: &str, cpus: usize) -> Sim {
         max_cycles: 1_000_000_000,
         disabled_windows: None,
         trap_disabled_mean_cycles: 0,
+        kernel: mmulab_kernel::KernelParams::default(),
     };
     Sim::new(
         cfg,

@@ -3,6 +3,7 @@
 //! figures.
 
 pub mod apps;
+pub mod balan92;
 pub mod bench;
 pub mod random;
 pub mod tester;
@@ -42,6 +43,10 @@ pub enum WorkloadSpec {
     Kbuild(apps::KbuildSpec),
     Parthenon(apps::ParthenonSpec),
     Camelot(apps::CamelotSpec),
+    /// balan92 Figs. 1-3: shootdown cost measurements.
+    Balan92Shootdown(balan92::ShootdownSpec),
+    /// balan92 §Lazy Shutdowns: segkmem allocate/free churn.
+    KmemChurn(balan92::KmemChurnSpec),
 }
 
 impl WorkloadSpec {
@@ -53,6 +58,8 @@ impl WorkloadSpec {
             WorkloadSpec::Kbuild(s) => Box::new(apps::Kbuild::new(s.clone())),
             WorkloadSpec::Parthenon(s) => Box::new(apps::Parthenon::new(s.clone())),
             WorkloadSpec::Camelot(s) => Box::new(apps::Camelot::new(s.clone())),
+            WorkloadSpec::Balan92Shootdown(s) => Box::new(balan92::Shootdown::new(s.clone())),
+            WorkloadSpec::KmemChurn(s) => Box::new(balan92::KmemChurn::new(s.clone())),
         }
     }
 
@@ -65,6 +72,8 @@ impl WorkloadSpec {
             WorkloadSpec::Kbuild(s) => s.validate(cpus),
             WorkloadSpec::Parthenon(s) => s.validate(cpus),
             WorkloadSpec::Camelot(s) => s.validate(cpus),
+            WorkloadSpec::Balan92Shootdown(s) => s.validate(cpus),
+            WorkloadSpec::KmemChurn(s) => s.validate(cpus),
         }
     }
 
@@ -81,6 +90,14 @@ impl WorkloadSpec {
             (
                 "random",
                 "correctness: random mmap/munmap/mprotect/fork/COW/migration/sleep/kmem churn on several tasks",
+            ),
+            (
+                "balan92-shootdown",
+                "balan92 Figs. 1-3: hat_shutdown (basic, lazy) or a one-page unmap (immediate) while the other CPUs spin",
+            ),
+            (
+                "kmem-churn",
+                "balan92 §Lazy Shutdowns: allocate and free kernel memory of mixed sizes (segkmem zones)",
             ),
         ]
     }

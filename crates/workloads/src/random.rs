@@ -37,6 +37,10 @@ pub struct RandomSpec {
     pub migrate: bool,
     #[serde(default = "yes")]
     pub sleep: bool,
+    /// Threads take their CPU offline now and then and bring it back
+    /// (balan92 hat_offline/hat_online); default false.
+    #[serde(default)]
+    pub hotplug: bool,
 }
 
 fn yes() -> bool {
@@ -54,6 +58,7 @@ impl Default for RandomSpec {
             kmem: true,
             migrate: true,
             sleep: true,
+            hotplug: false,
         }
     }
 }
@@ -152,6 +157,16 @@ struct Thread {
     steps: u64,
     pending: Pending,
     restore: Option<(u64, u64)>,
+    hotplug: Option<Hotplug>,
+}
+
+/// A CPU offline/online cycle in progress.
+#[derive(Clone, Copy)]
+enum Hotplug {
+    /// `CpuOffline` was issued; its return value says which CPU.
+    Offlined,
+    /// Bring this CPU back.
+    Online(u64),
 }
 
 impl Thread {
@@ -170,6 +185,7 @@ impl Thread {
             steps: 0,
             pending: Pending::None,
             restore: None,
+            hotplug: None,
         }
     }
 
@@ -204,6 +220,18 @@ impl Program for Thread {
                 pages,
                 prot: Prot::ReadWrite,
             });
+        }
+        match self.hotplug.take() {
+            Some(Hotplug::Offlined) if ctx.ret != u64::MAX => {
+                self.hotplug = Some(Hotplug::Online(ctx.ret));
+                return Op::Compute(1000 + ctx.rng.below(20_000));
+            }
+            Some(Hotplug::Online(cpu)) => {
+                return Op::Syscall(Syscall::CpuOnline {
+                    cpu: CpuId(cpu as u16),
+                });
+            }
+            _ => {}
         }
         if self.steps >= self.spec.steps {
             self.global.borrow_mut().finished += 1;
@@ -295,6 +323,10 @@ impl Program for Thread {
                 })
             }
             83..=87 if self.spec.sleep => Op::Sleep(500 + ctx.rng.below(20_000)),
+            96..=99 if self.spec.hotplug => {
+                self.hotplug = Some(Hotplug::Offlined);
+                Op::Syscall(Syscall::CpuOffline)
+            }
             88..=95 if self.spec.kmem => {
                 let free = ctx.rng.chance(0.5);
                 let mut g = self.global.borrow_mut();

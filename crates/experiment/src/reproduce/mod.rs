@@ -2,6 +2,7 @@
 //! `experiments/PAPER/`, where the paper's numbers sit in a `[paper]`
 //! table beside the spec, runs them, and returns the shared rows.
 
+pub mod balan92;
 pub mod black89;
 
 use std::path::Path;

@@ -1,0 +1,640 @@
+//! `svr42`: the SVR4.2 MP HAT layer of balan92 (Balan & Gollhardt, USENIX
+//! 1992) for the i386 MMU, behind the pmap/HAT interface. The paper's
+//! sections are unnumbered; § names a heading.
+//!
+//! * Kernel address space: lazy shootdowns (§Lazy Shutdowns, §Lazy
+//!   Shutdown Algorithm). An unload edits the PTEs and returns; its
+//!   completion is deferred to the reuse of the address (segkmem calls
+//!   `hat_shutdown(cookie)` first; see `mmulab_kernel::segkmem`). Each CPU
+//!   has a cookie, the `lbolt` read *before* its last full flush; a global
+//!   least-recently-flushed cookie lets `hat_shutdown` return at once.
+//! * User address spaces: immediate shootdowns (§Immediate Shutdown
+//!   Algorithm): the as's CPUs are interrupted and spin on a counter while
+//!   the initiator edits the level-2 PTEs, bumps the counter, flushes
+//!   locally and unlocks without waiting.
+//! * §Multiprocessor Interfaces: `hat_asload` joins the as's CPU set and
+//!   flushes (the i386 context switch: asunload without flush, copy the
+//!   U-area PTEs, flush); `hat_asunload` leaves the set without a flush.
+//!
+//! The i386 MMU flushes whole TLBs only (§TLB Shutdowns, footnote 7), and a
+//! CR3 load flushes kernel entries too (the i386 has no global pages), so
+//! every flush here is a full flush and restamps the CPU's cookie.
+//!
+//! Cookie comparison is strict: a CPU whose last flush was stamped in the
+//! same tick as the free may have flushed *before* the free, so only a
+//! stamp in a later tick proves the free's translations are gone.
+//!
+//! Negative controls (`Mutation`) break one rule each; `mmulab check` must
+//! catch them.
+
+use std::cell::{Cell, RefCell};
+
+use mmulab_engine::Cycles;
+use mmulab_kernel::pmap::KERNEL_PMAP;
+use mmulab_kernel::{Change, Cookie, Ipl, Irq, KFuture, PmapId, Protocol, Sim, Update};
+use mmulab_machine::{CpuId, PtFormat, Pte, Vpn};
+
+use crate::ProtocolOptions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    None,
+    /// `hat_shutdown` always returns early, as if every cookie were older
+    /// than the least recently flushed TLB.
+    NoCookieCheck,
+    /// "Older" compared non-strictly: a CPU flushed in the free's own tick
+    /// counts as flushed after it.
+    NonStrictTick,
+    /// Immediate responders flush at once instead of spinning on the
+    /// counter, and may reload the old PTE before the initiator edits it.
+    NoSpin,
+}
+
+/// What a CPU's pending shootdown interrupt asks of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Request {
+    /// Lazy kernel shootdown: flush, nothing else.
+    Lazy,
+    /// Immediate user shootdown: spin until the counter reaches `release`,
+    /// then flush (or invalidate `update`'s range, with single-entry
+    /// flushes).
+    Immediate { release: u64, update: Update },
+}
+
+/// PTEs per mapping chunk on the i386: "the size of a mapping chunk is
+/// 1/32nd of page table size" (balan92 §Background, footnote 2), i.e. 32
+/// of a table's 1024 entries.
+const CHUNK_PTES: u64 = 32;
+
+pub struct Svr42 {
+    mutation: Mutation,
+    /// §Other Architectures: single-entry flushes up to this many pages
+    /// (None: the i386, whole TLBs only).
+    single_entry_threshold: Option<u64>,
+    /// Ranges of at least this many pages use the L1 trick (None: off).
+    l1_trick_pages: Option<u64>,
+    /// Range operations skip spans without a mapping chunk.
+    mapping_chunks: bool,
+    /// The global shootdown spin lock (§Lazy Shutdown Algorithm step 1;
+    /// §Immediate step 1 takes the same one).
+    shoot_lock: Cell<Option<usize>>,
+    /// Per CPU: lbolt read before its last full TLB flush.
+    cookies: RefCell<Vec<u64>>,
+    /// The cookie of the least recently flushed online TLB.
+    min_cookie: Cell<u64>,
+    /// Per CPU: what its pending interrupt asks.
+    requests: RefCell<Vec<Option<Request>>>,
+    /// Per CPU: the last shootdown round whose handler it has begun.
+    began: RefCell<Vec<u64>>,
+    round: Cell<u64>,
+    /// The counter immediate responders spin on (§Immediate step 4).
+    counter: Cell<u64>,
+}
+
+impl Svr42 {
+    pub fn new(o: &ProtocolOptions, mutation: Mutation) -> Svr42 {
+        Svr42 {
+            mutation,
+            single_entry_threshold: o.single_entry_flush.then_some(o.flush_threshold),
+            l1_trick_pages: (o.l1_trick_pages > 0).then_some(o.l1_trick_pages),
+            mapping_chunks: o.mapping_chunks,
+            shoot_lock: Cell::new(None),
+            cookies: RefCell::new(Vec::new()),
+            min_cookie: Cell::new(0),
+            requests: RefCell::new(Vec::new()),
+            began: RefCell::new(Vec::new()),
+            round: Cell::new(0),
+            counter: Cell::new(0),
+        }
+    }
+
+    fn lock_id(&self) -> usize {
+        self.shoot_lock.get().expect("initialised")
+    }
+
+    /// Does a CPU stamped `cpu_cookie` need flushing for a free stamped
+    /// `cookie`? Strictly "older": a flush in the free's tick does not
+    /// count (it may have come before the free).
+    fn older(&self, cpu_cookie: u64, cookie: u64) -> bool {
+        if self.mutation == Mutation::NonStrictTick {
+            cpu_cookie < cookie
+        } else {
+            cpu_cookie <= cookie
+        }
+    }
+
+    /// An immediate shootdown's flush on `cpu`: the range's entries when
+    /// single-entry flushes are on and the range is small (§Other
+    /// Architectures: "a point ... where flushing a whole TLB is cheaper");
+    /// else a full flush. Only a full flush restamps the cookie.
+    async fn range_flush(&self, sim: &Sim, cpu: CpuId, u: &Update) {
+        match self.single_entry_threshold {
+            Some(t) if u.pages <= t => {
+                let c = sim.tlb_invalidate_range(cpu, u.pmap, u.start, u.pages, t);
+                sim.delay(cpu, c).await;
+            }
+            _ => self.local_flush(sim, cpu).await,
+        }
+    }
+
+    /// Entries a range operation examines (§Background). Both ways skip
+    /// page tables that do not exist (no level-1 entry). With mapping
+    /// chunks, one per 32 PTEs and present only while one of its PTEs is
+    /// valid, each chunk slot is checked and only present chunks' PTEs are
+    /// looked at; without them every PTE of the range is.
+    fn entries_examined(&self, sim: &Sim, u: &Update) -> u64 {
+        let mut w = sim.w();
+        let fmt = w.cfg.pt_format;
+        let span = fmt.pages_per_entry(fmt.levels() - 2);
+        let end = u.start.0 + u.pages;
+        let mut present_chunks = std::collections::BTreeSet::new();
+        w.for_each_present(u.pmap, u.start, u.pages, |_, v, _, _, _| {
+            present_chunks.insert(v.0 / CHUNK_PTES);
+        });
+        let root = w.pmaps[u.pmap.0 as usize].root;
+        let mut slots = 0;
+        let mut chunk_slots = 0;
+        let mut v = u.start.0;
+        while v < end {
+            let table_end = ((v / span + 1) * span).min(end);
+            let wk = mmulab_machine::pagetable::walk(&w.mem, fmt, root, Vpn(v));
+            if wk.leaf {
+                slots += table_end - v;
+                chunk_slots += (table_end - 1) / CHUNK_PTES - v / CHUNK_PTES + 1;
+            }
+            v = table_end;
+        }
+        drop(w);
+        if self.mapping_chunks {
+            let chunk_ptes: u64 = present_chunks
+                .iter()
+                .map(|&c| {
+                    let lo = (c * CHUNK_PTES).max(u.start.0);
+                    let hi = ((c + 1) * CHUNK_PTES).min(end);
+                    hi - lo
+                })
+                .sum();
+            chunk_slots + chunk_ptes
+        } else {
+            slots
+        }
+    }
+
+    /// A full flush of `cpu`'s own TLB, with its cookie read before it.
+    async fn local_flush(&self, sim: &Sim, cpu: CpuId) {
+        let costs = sim.costs();
+        self.cookies.borrow_mut()[cpu.index()] = sim.lbolt();
+        let c = sim.tlb_flush(cpu);
+        sim.delay(cpu, c + Cycles(costs.hat_cookie_cycles)).await;
+    }
+
+    /// Interrupts `targets` with `req` and waits until each has begun its
+    /// handler (the lazy algorithm's step 4; the immediate algorithm's
+    /// "after the responders are in a spinning state").
+    async fn interrupt_and_wait(&self, sim: &Sim, me: CpuId, targets: &[CpuId], req: Request) {
+        let round = self.round.get() + 1;
+        self.round.set(round);
+        for &t in targets {
+            self.requests.borrow_mut()[t.index()] = Some(req);
+            sim.send_ipi(me, t, Irq::Shootdown).await;
+        }
+        for &t in targets {
+            sim.spin_until(me, &format!("svr42: {t} to begin the handler"), |_| {
+                self.began.borrow()[t.index()] >= round
+            })
+            .await;
+        }
+    }
+
+    /// §Lazy Shutdown Algorithm (and `HAT_NOCOOKIE`: every online CPU,
+    /// without the cookie accounting).
+    async fn shutdown(&self, sim: &Sim, me: CpuId, cookie: Cookie) {
+        let costs = sim.costs();
+        let start = sim.now();
+        sim.count("hat.shutdown.calls", 1);
+        if let Cookie::Age(c) = cookie {
+            // The early return: every TLB has been flushed since the
+            // cookie was taken.
+            sim.delay(me, Cycles(costs.hat_cookie_cycles)).await;
+            let all_flushed = match self.mutation {
+                Mutation::NoCookieCheck => true,
+                _ => !self.older(self.min_cookie.get(), c),
+            };
+            if all_flushed {
+                sim.count("hat.shutdown.early_returns", 1);
+                return;
+            }
+        }
+        // Step 1, at splhi: a CPU spinning here still answers another
+        // initiator's interrupt, which sits above splhi.
+        let saved = sim.set_ipl(me, Ipl::HIGH);
+        sim.delay(me, Cycles(costs.spl_cycles)).await;
+        sim.lock(me, self.lock_id()).await;
+        // Step 2: select the older online CPUs, restamp them, recompute the
+        // least recently flushed cookie.
+        let (targets, flush_me, new_min) = {
+            let w = sim.w();
+            let online: Vec<CpuId> = w.cpus.iter().filter(|c| c.online).map(|c| c.id).collect();
+            drop(w);
+            let now_tick = sim.lbolt();
+            let mut cookies = self.cookies.borrow_mut();
+            let mut targets = Vec::new();
+            let mut flush_me = false;
+            for &c in &online {
+                let selected = match cookie {
+                    Cookie::NoCookie => true,
+                    Cookie::Age(k) => self.older(cookies[c.index()], k),
+                };
+                if selected {
+                    cookies[c.index()] = now_tick;
+                    if c == me {
+                        flush_me = true;
+                    } else {
+                        targets.push(c);
+                    }
+                }
+            }
+            let new_min = matches!(cookie, Cookie::Age(_)).then(|| {
+                online
+                    .iter()
+                    .map(|c| cookies[c.index()])
+                    .min()
+                    .unwrap_or(now_tick)
+            });
+            (targets, flush_me, new_min)
+        };
+        if let Cookie::Age(_) = cookie {
+            // Each online CPU's cookie is compared, each selected one
+            // stored, and each read again for the minimum.
+            let n = sim.w().cpus.iter().filter(|c| c.online).count() as u64;
+            let accesses = 2 * n + targets.len() as u64 + u64::from(flush_me);
+            sim.delay(me, Cycles(costs.hat_cookie_cycles * accesses))
+                .await;
+        }
+        // Step 3 (the initiator flushes its own TLB itself).
+        if flush_me || cookie == Cookie::NoCookie {
+            let c = sim.tlb_flush(me);
+            sim.delay(me, c).await;
+        }
+        self.interrupt_and_wait(sim, me, &targets, Request::Lazy)
+            .await;
+        // The new least-recently-flushed cookie is published only now:
+        // the early return reads it without the lock, and a CPU restamped
+        // in step 2 is only safe to count as flushed once it has begun its
+        // handler (it runs nothing else before its flush).
+        if let Some(m) = new_min {
+            self.min_cookie.set(self.min_cookie.get().max(m));
+        }
+        // Step 4: unlock once every responder has begun; do not wait for
+        // their flushes.
+        sim.unlock(me, self.lock_id()).await;
+        sim.set_ipl(me, saved);
+        sim.delay(me, Cycles(costs.spl_cycles)).await;
+        if !targets.is_empty() || cookie == Cookie::NoCookie {
+            sim.count("hat.shutdown.real", 1);
+            let kind = if cookie == Cookie::NoCookie {
+                "basic"
+            } else {
+                "lazy"
+            };
+            sim.record(
+                &format!("hat.shutdown.{kind}.initiator_cycles"),
+                (sim.now() - start).0 as f64,
+            );
+            sim.record(
+                &format!("hat.shutdown.{kind}.processors"),
+                targets.len() as f64,
+            );
+        }
+    }
+
+    /// §Immediate Shutdown Algorithm, for a user address space.
+    async fn immediate(&self, sim: &Sim, me: CpuId, u: Update) {
+        let costs = sim.costs();
+        let start = sim.now();
+        let saved = sim.set_ipl(me, Ipl::HIGH);
+        sim.delay(me, Cycles(costs.spl_cycles)).await;
+        // The as's HAT spin lock (§Locking Design: one per address space).
+        sim.lock_pmap(me, u.pmap).await;
+        // Range operations skip spans with nothing mapped (§Background:
+        // no mapping chunk, no PTEs to look at); nothing mapped, no
+        // shootdown at all.
+        let examined = self.entries_examined(sim, &u);
+        sim.count("svr42.entries_examined", examined);
+        sim.delay(me, Cycles(costs.lazy_check_cycles * examined.max(1)))
+            .await;
+        if !sim.w().any_mapped(u.pmap, u.start, u.pages) {
+            sim.count("svr42.user.skipped", 1);
+            sim.unlock_pmap(me, u.pmap).await;
+            sim.set_ipl(me, saved);
+            return;
+        }
+        // Step 1.
+        sim.lock(me, self.lock_id()).await;
+        // Step 2: interrupt the CPUs sharing this as; they spin.
+        let targets: Vec<CpuId> = {
+            let w = sim.w();
+            w.pmaps[u.pmap.0 as usize]
+                .in_use
+                .iter()
+                .filter(|&c| c != me && w.is_online(c))
+                .collect()
+        };
+        let release = self.counter.get() + 1;
+        self.interrupt_and_wait(sim, me, &targets, Request::Immediate { release, update: u })
+            .await;
+        let trick = self.l1_trick_pages.is_some_and(|t| u.pages >= t)
+            && sim.w().cfg.pt_format == PtFormat::I386;
+        if trick {
+            self.l1_trick(sim, me, u, &targets, release).await;
+            sim.unlock_pmap(me, u.pmap).await;
+            sim.set_ipl(me, saved);
+            sim.delay(me, Cycles(costs.spl_cycles)).await;
+            sim.count("svr42.l1_trick", 1);
+            if !targets.is_empty() {
+                sim.count("shootdown.user.events", 1);
+                sim.record(
+                    "shootdown.user.initiator_cycles",
+                    (sim.now() - start).0 as f64,
+                );
+                sim.record("shootdown.user.processors", targets.len() as f64);
+            }
+            return;
+        }
+        // Step 3: edit the level-2 PTEs. Each unloaded PTE leaves its
+        // page's mapping chain under the page's spin lock (§Examples of
+        // the Locking requirements, hat_unload).
+        let edit = sim.w().pt_apply(me, &u);
+        let per_pte = costs.pte_write_cycles
+            + if u.change == Change::Remove {
+                costs.lock_cycles + costs.unlock_cycles
+            } else {
+                0
+            };
+        sim.delay(me, Cycles(per_pte * edit.changed)).await;
+        // Step 4: release the responders.
+        self.counter.set(release);
+        sim.delay(me, Cycles(costs.pte_write_cycles)).await;
+        // Step 5: flush locally.
+        self.range_flush(sim, me, &u).await;
+        // Step 6: unlock without waiting for the responders' flushes.
+        sim.unlock(me, self.lock_id()).await;
+        sim.unlock_pmap(me, u.pmap).await;
+        sim.set_ipl(me, saved);
+        sim.delay(me, Cycles(costs.spl_cycles)).await;
+        if !targets.is_empty() {
+            sim.count("shootdown.user.events", 1);
+            sim.record(
+                "shootdown.user.initiator_cycles",
+                (sim.now() - start).0 as f64,
+            );
+            sim.record("shootdown.user.processors", targets.len() as f64);
+        }
+    }
+
+    /// §Immediate Shutdown Algorithm, the i386 optimisation for large
+    /// ranges. Entered holding the as's HAT lock and the shootdown lock,
+    /// with the responders spinning: clear only the level-1 entries of the
+    /// affected page tables (every CPU's copy), release the responders,
+    /// flush, unlock the shootdown lock, and only then edit the level-2
+    /// PTEs. An LWP touching the range meanwhile takes a fault (no level-1
+    /// entry) and blocks until the HAT lock is released (in this model the
+    /// fault blocks on the task's map lock, which the caller holds for the
+    /// whole operation). The level-2 edit's time is charged with the L1
+    /// entries cleared; the edit and the restore of the L1 entries then
+    /// happen at one instant.
+    async fn l1_trick(&self, sim: &Sim, me: CpuId, u: Update, targets: &[CpuId], release: u64) {
+        let costs = sim.costs();
+        let (cleared, to_edit) = {
+            let mut w = sim.w();
+            let mut to_edit = 0u64;
+            w.for_each_present(u.pmap, u.start, u.pages, |_, _, _, _, _| to_edit += 1);
+            let root = w.pmaps[u.pmap.0 as usize].root;
+            let fmt = w.cfg.pt_format;
+            let first = fmt.index(u.start, 0);
+            let last = fmt.index(Vpn(u.start.0 + u.pages - 1), 0);
+            let mut cleared = Vec::new();
+            for i in first..=last {
+                let e = w.mem.table(root)[i];
+                if Pte(e).present() {
+                    w.mem.table_mut(root)[i] = 0;
+                    cleared.push((i, e));
+                }
+            }
+            (cleared, to_edit)
+        };
+        // Every CPU sharing the as has its own copy of the directory.
+        let copies = targets.len() as u64 + 1;
+        sim.delay(
+            me,
+            Cycles(costs.pte_write_cycles * cleared.len() as u64 * copies),
+        )
+        .await;
+        self.counter.set(release);
+        sim.delay(me, Cycles(costs.pte_write_cycles)).await;
+        self.local_flush(sim, me).await;
+        sim.unlock(me, self.lock_id()).await;
+        let per_pte = costs.pte_write_cycles
+            + if u.change == Change::Remove {
+                costs.lock_cycles + costs.unlock_cycles
+            } else {
+                0
+            };
+        sim.delay(me, Cycles(per_pte * to_edit)).await;
+        let mut w = sim.w();
+        let root = w.pmaps[u.pmap.0 as usize].root;
+        for &(i, e) in &cleared {
+            assert_eq!(
+                w.mem.table(root)[i],
+                0,
+                "L1 trick: a mapping entered while the level-1 entries were cleared"
+            );
+            w.mem.table_mut(root)[i] = e;
+        }
+        w.pt_apply(me, &u);
+    }
+
+    /// A kernel unload: edit the PTEs now, shoot at reuse (§Lazy
+    /// Shutdowns). The operation completes when the reuse's
+    /// `hat_shutdown` returns (segkmem tells the oracle).
+    async fn kernel_unload(&self, sim: &Sim, me: CpuId, u: Update) {
+        let costs = sim.costs();
+        let saved = sim.set_ipl(me, Ipl::HIGH);
+        sim.lock_pmap(me, u.pmap).await;
+        let edit = sim.w().pt_apply(me, &u);
+        sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
+            .await;
+        if edit.changed > 0 {
+            sim.defer_completion(me);
+            sim.count("svr42.kernel.deferred_unloads", 1);
+        }
+        sim.unlock_pmap(me, u.pmap).await;
+        sim.set_ipl(me, saved);
+    }
+}
+
+impl Protocol for Svr42 {
+    fn name(&self) -> &'static str {
+        match self.mutation {
+            Mutation::None => "svr42",
+            Mutation::NoCookieCheck => "svr42-no-cookie-check",
+            Mutation::NonStrictTick => "svr42-nonstrict-tick",
+            Mutation::NoSpin => "svr42-no-spin",
+        }
+    }
+
+    /// `hat_online` for every CPU at boot: its TLB is empty (flushed) at
+    /// lbolt 0.
+    fn init(&self, sim: &Sim) {
+        self.shoot_lock.set(Some(sim.new_lock()));
+        let n = sim.w().cpus.len();
+        *self.cookies.borrow_mut() = vec![0; n];
+        *self.requests.borrow_mut() = vec![None; n];
+        *self.began.borrow_mut() = vec![0; n];
+        self.min_cookie.set(0);
+    }
+
+    /// The cross-processor interrupt sits above splhi (§Lazy Shutdown
+    /// Algorithm): CPUs spinning at splhi answer it.
+    fn interrupt_level(&self) -> Ipl {
+        Ipl::ALL
+    }
+
+    fn update<'a>(&'a self, sim: &'a Sim, cpu: CpuId, u: Update) -> KFuture<'a> {
+        Box::pin(async move {
+            if u.pmap == KERNEL_PMAP {
+                self.kernel_unload(sim, cpu, u).await;
+            } else {
+                self.immediate(sim, cpu, u).await;
+            }
+        })
+    }
+
+    fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            let start = sim.now();
+            let req = self.requests.borrow_mut()[me.index()].take();
+            self.began.borrow_mut()[me.index()] = self.round.get();
+            match req {
+                None => {}
+                Some(Request::Lazy) => {
+                    // The initiator already restamped our cookie; the
+                    // handler only flushes.
+                    let c = sim.tlb_flush(me);
+                    sim.delay(me, c).await;
+                    sim.record(
+                        "shootdown.kernel.responder_cycles",
+                        (sim.now() - start).0 as f64,
+                    );
+                }
+                Some(Request::Immediate { release, update }) => {
+                    if self.mutation != Mutation::NoSpin {
+                        sim.spin_until(me, "svr42 responder: the counter", |_| {
+                            self.counter.get() >= release
+                        })
+                        .await;
+                    }
+                    self.range_flush(sim, me, &update).await;
+                    sim.record(
+                        "shootdown.user.responder_cycles",
+                        (sim.now() - start).0 as f64,
+                    );
+                }
+            }
+        })
+    }
+
+    /// `hat_asload(as)` on a context switch: join the as's CPU set under
+    /// its HAT lock (so that no immediate shootdown selects its CPUs while
+    /// a CPU joins), load the level-1 entries, and flush (the i386 context
+    /// switch flushes after copying the new U-area PTEs, §Multiprocessor
+    /// Interfaces footnote 4).
+    fn activate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
+        Box::pin(async move {
+            let saved = sim.set_ipl(cpu, Ipl::HIGH);
+            sim.lock_pmap(cpu, pmap).await;
+            {
+                let mut w = sim.w();
+                w.pmaps[pmap.0 as usize].in_use.insert(cpu);
+                w.cpus[cpu.index()].pmap = Some(pmap);
+            }
+            sim.unlock_pmap(cpu, pmap).await;
+            sim.set_ipl(cpu, saved);
+            self.local_flush(sim, cpu).await;
+        })
+    }
+
+    /// `hat_asunload(as, no flush)`: leave the CPU set; the flush comes
+    /// with the next `hat_asload`.
+    fn deactivate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
+        Box::pin(async move {
+            sim.unload_pmap(cpu, pmap);
+        })
+    }
+
+    /// `hat_offline` (§Multiprocessor Interfaces): clear the CPU's bit in
+    /// the kas set under the shootdown lock, which "disallows the active
+    /// processor set of the system from changing underneath" a shootdown.
+    /// An offline CPU is never interrupted; its TLB is flushed when it
+    /// comes back.
+    fn offline<'a>(&'a self, sim: &'a Sim, cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            let saved = sim.set_ipl(cpu, Ipl::HIGH);
+            sim.lock(cpu, self.lock_id()).await;
+            sim.w().cpus[cpu.index()].online = false;
+            let min = {
+                let w = sim.w();
+                let cookies = self.cookies.borrow();
+                w.cpus
+                    .iter()
+                    .filter(|c| c.online)
+                    .map(|c| cookies[c.id.index()])
+                    .min()
+            };
+            if let Some(m) = min {
+                self.min_cookie.set(self.min_cookie.get().max(m));
+            }
+            sim.unlock(cpu, self.lock_id()).await;
+            sim.set_ipl(cpu, saved);
+        })
+    }
+
+    /// `hat_online`: join the kas set and flush the TLB (which restamps
+    /// the cookie), under the shootdown lock.
+    fn online<'a>(&'a self, sim: &'a Sim, cpu: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            let saved = sim.set_ipl(cpu, Ipl::HIGH);
+            sim.lock(cpu, self.lock_id()).await;
+            sim.w().cpus[cpu.index()].online = true;
+            self.local_flush(sim, cpu).await;
+            sim.unlock(cpu, self.lock_id()).await;
+            sim.set_ipl(cpu, saved);
+        })
+    }
+
+    fn hat_getshootcookie(&self, sim: &Sim) -> Option<u64> {
+        Some(sim.lbolt())
+    }
+
+    fn hat_shutdown<'a>(&'a self, sim: &'a Sim, cpu: CpuId, cookie: Cookie) -> KFuture<'a> {
+        Box::pin(async move { self.shutdown(sim, cpu, cookie).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn older_is_strict_and_the_control_is_not() {
+        let o = ProtocolOptions::default();
+        let good = Svr42::new(&o, Mutation::None);
+        // A flush stamped in the free's tick may precede the free.
+        assert!(good.older(5, 5));
+        assert!(good.older(4, 5));
+        assert!(!good.older(6, 5));
+        let bad = Svr42::new(&o, Mutation::NonStrictTick);
+        assert!(!bad.older(5, 5));
+        assert!(bad.older(4, 5));
+    }
+}
