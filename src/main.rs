@@ -63,7 +63,7 @@ enum Command {
     },
     /// Reproduce a paper's evaluation: paper vs mmulab, side by side.
     Reproduce {
-        /// black89 or balan92 (more papers join as their issues land).
+        /// black89, balan92, uhlig94 or fleisch89.
         paper: String,
         /// Write DIR/reproduce-PAPER.json and the figures as SVG.
         #[arg(long, value_name = "DIR")]
@@ -78,11 +78,35 @@ enum Command {
     /// Memory traces: capture, simulate, export, benchmark.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
+    /// Mirage DSM for real: site daemons over TCP, and their benchmark.
+    #[command(subcommand)]
+    Dsm(DsmCommand),
     /// Real measurements on this Linux host.
     #[command(subcommand)]
     Host(HostCommand),
     /// Name the presets, protocols and workloads.
     List,
+}
+
+#[derive(Subcommand)]
+enum DsmCommand {
+    /// Run one site's daemon (until killed).
+    Site {
+        /// The cluster: sites and their addresses, Δ per key.
+        #[arg(long)]
+        config: PathBuf,
+        /// This site's name in the config.
+        #[arg(long)]
+        name: String,
+    },
+    /// Remote-fault latency against the loopback limit, ping-pong and
+    /// read-writer sweeps (two sites in this process).
+    Bench {
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -297,6 +321,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     out.as_deref(),
                     &|m| eprintln!("{m}"),
                 )?,
+                "uhlig94" => mmulab_experiment::reproduce::uhlig94::reproduce(
+                    &dir,
+                    quick,
+                    out.as_deref(),
+                    &|m| eprintln!("{m}"),
+                )?,
                 "fleisch89" => {
                     let report =
                         mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
@@ -317,7 +347,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89, balan92, fleisch89)"
+                        "reproduce: unknown paper `{other}` (available: black89, balan92, uhlig94, fleisch89)"
                     ))
                     .into());
                 }
@@ -466,6 +496,23 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Trace(t) => trace_cmd::run(t),
+        Command::Dsm(DsmCommand::Site { config, name }) => {
+            // The daemon runs until the process is killed; a clean stop
+            // (checking pages back in) is not implemented yet.
+            static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            mmulab_mirage::runtime::cli::run_site(&config, &name, &STOP, &mut |m| eprintln!("{m}"))
+                .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dsm(DsmCommand::Bench { quick, json }) => {
+            let report = mmulab_mirage::runtime::cli::run_bench(quick)?;
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::List => {
             let mut t = Table::new(&["preset", "models", "inputs from"]);
             for p in mmulab_experiment::preset::all() {

@@ -404,7 +404,9 @@ impl Sim {
                 };
                 let _ = level;
                 let costs = self.costs();
-                self.sleep_for(cpu, Cycles(costs.ipi_dispatch_cycles)).await;
+                let bus = Self::bus_penalty(&self.w(), &costs);
+                self.sleep_for(cpu, Cycles(costs.ipi_dispatch_cycles) + bus)
+                    .await;
                 if irq == Irq::Shootdown {
                     self.count("interrupts.shootdown", 1);
                     let p = self.protocol();
@@ -563,19 +565,21 @@ impl Sim {
         w.counters.add("ipi.sent", 1);
     }
 
-    /// Shared-bus contention: extra latency per concurrently active bus user
-    /// (CPUs in kernel mode handling interrupts) beyond what the bus absorbs.
-    fn bus_penalty(w: &World, costs: &Costs) -> Cycles {
+    /// Shared-bus contention (black89 §7.1: on the Multimax "these effects
+    /// become significant ... when 12 or more processors are actively using
+    /// the bus"; the interrupt's state save and the responders' accesses to
+    /// shootdown state miss in cache). CPUs running user code in a tight
+    /// loop on write-through caches use the bus on every store; once
+    /// `bus_free_users` or more do, each further one adds
+    /// `bus_contention_cycles` to every interrupt delivery and dispatch.
+    /// Off (0) unless a spec turns it on.
+    pub fn bus_penalty(w: &World, costs: &Costs) -> Cycles {
         if costs.bus_contention_cycles == 0 {
             return Cycles(0);
         }
-        let users = w
-            .cpus
-            .iter()
-            .filter(|c| c.mode == Mode::Kernel && c.thread.is_some())
-            .count() as u64
-            + w.queue.len().min(w.cpus.len()) as u64 / 2;
-        Cycles(users.saturating_sub(costs.bus_free_users) * costs.bus_contention_cycles)
+        let users = w.cpus.iter().filter(|c| c.mode == Mode::User).count() as u64;
+        let over = (users + 1).saturating_sub(costs.bus_free_users);
+        Cycles(over * costs.bus_contention_cycles)
     }
 
     /// Posts an interrupt without a sender (device, or the scheduler).

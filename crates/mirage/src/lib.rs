@@ -9,6 +9,10 @@
 //! - [`cli`]: a clap-free entry point for the `mmulab` binary.
 //! - [`swarm`]: the seed-swarm driver of the property tests (random
 //!   interleavings, per-pair message delays, the oracle after every event).
+//! - [`wire`]: the real runtime's frames and handshake (issue #7).
+//! - [`runtime`]: the real runtime: site daemon over blocking TCP, memfd
+//!   segments, typed faults by mprotect + SIGSEGV, the System V-style API,
+//!   the remote-fault bench and the clap-free `mmulab dsm` entry points.
 //!
 //! # Design decisions the issue asked to document
 //!
@@ -39,16 +43,22 @@
 //!   site of the network is told.
 //! - **Page bytes**: the core keeps each held page's bytes (`Site::read`,
 //!   `Site::write`). A real runtime maps that buffer, or copies its memory
-//!   into it before handing the core an event that may ship the page.
+//!   into it before handing the core an event that may ship the page. The
+//!   runtime (`runtime::node`) does the latter: before any event naming a
+//!   page held for writing here, it write-protects the page in every local
+//!   mapping and copies it into the core; the core needed no change for it
+//!   (one read-only accessor, `Site::library_pages`, was added).
 
 pub mod cli;
 pub mod core;
 pub mod oracle;
 pub mod reproduce;
 pub mod runs;
+pub mod runtime;
 pub mod sim;
 pub mod spec;
 pub mod swarm;
+pub mod wire;
 
 pub use reproduce::reproduce;
 

@@ -74,6 +74,10 @@ pub(crate) struct LibrarySegment {
 }
 
 impl LibrarySegment {
+    pub(crate) fn pages_len(&self) -> u32 {
+        self.pages.len() as u32
+    }
+
     pub(crate) fn idle(&self) -> bool {
         self.pages
             .iter()

@@ -230,6 +230,12 @@ impl Site {
         self.libraries.get(&segment).map_or(&[], |l| &l.log)
     }
 
+    /// The number of pages of a live segment whose library is this site
+    /// (the real runtime checks a per-segment Δ change against it).
+    pub fn library_pages(&self, segment: SegmentId) -> Option<u32> {
+        self.libraries.get(&segment).map(|l| l.pages_len())
+    }
+
     /// Whether every page of every library here is idle (no queued or
     /// in-flight request): the liveness checkers' quiescence test.
     pub fn library_idle(&self) -> bool {

@@ -1,0 +1,31 @@
+//! The real runtime (issue #7): the same sans-IO core as the simulator,
+//! driven by std threads, blocking TCP and real page faults.
+//!
+//! - [`config`] — the `cluster.toml` file.
+//! - [`node`] — the site daemon (core thread, listener, readers, fault thread).
+//! - [`mem`] — one memfd per segment, a service mapping and attach mappings.
+//! - [`fault`] — typed faults by mprotect + SIGSEGV; the userfaultfd probe.
+//! - [`shm`] — the System V-style Rust API (`shmget`/`shmat`/`shmdt`/`shmctl`).
+//! - [`bench`](mod@bench) — remote-fault latency beside the loopback limit.
+//! - [`cli`] — clap-free entry points for `mmulab dsm site` and `mmulab dsm bench`.
+//!
+//! The wire format lives in [`crate::wire`].
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod fault;
+pub mod mem;
+pub mod node;
+pub mod shm;
+
+pub use config::ClusterConfig;
+pub use node::{Node, NodeOptions, TraceEntry};
+pub use shm::{ShmCtl, ShmError, ShmStat};
+
+/// The MMU page size: DSM pages are hardware pages (§6).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) };
+    if n > 0 { n as usize } else { 4096 }
+}

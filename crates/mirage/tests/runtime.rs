@@ -1,0 +1,599 @@
+//! The real runtime: two sites on loopback in this test process, real
+//! page faults (mprotect + SIGSEGV), real TCP. The DSM oracle here is the
+//! data itself: every write stores a version, and every read checks that
+//! the version it sees is the latest one written (no stale read).
+//!
+//! Every loop is bounded; a test that cannot make progress fails with a
+//! message instead of hanging.
+
+use mmulab_mirage::core::SiteId;
+use mmulab_mirage::runtime::bench::two_sites;
+use mmulab_mirage::runtime::node::{NodeOptions, RuntimeMutation, replay};
+use mmulab_mirage::runtime::shm::{IPC_CREAT, IPC_EXCL, SHM_RDONLY};
+use mmulab_mirage::runtime::{ShmCtl, ShmError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn page() -> usize {
+    mmulab_mirage::runtime::page_size()
+}
+
+/// Two sites alternate writes and reads of versioned data on one page;
+/// every read must see the version just written by the other site.
+#[test]
+fn alternating_writes_across_sites_never_read_stale() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let ida = a.shmget(4242, page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(4242, page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap() as *mut u64;
+    let pb = b.shmat(idb, None, 0).unwrap() as *mut u64;
+    for v in 1..=200u64 {
+        // SAFETY: live attach mappings of a one-page segment; faults are
+        // served by the sites' daemons.
+        unsafe {
+            if v % 2 == 1 {
+                std::ptr::write_volatile(pa.add(1), v);
+                assert_eq!(std::ptr::read_volatile(pb.add(1)), v, "stale read at b");
+            } else {
+                std::ptr::write_volatile(pb.add(1), v);
+                assert_eq!(std::ptr::read_volatile(pa.add(1)), v, "stale read at a");
+            }
+        }
+    }
+    a.shmdt(pa as *mut u8).unwrap();
+    b.shmdt(pb as *mut u8).unwrap();
+    assert!(
+        a.node().dropped_peers().is_empty(),
+        "{:?}",
+        a.node().dropped_peers()
+    );
+    a.stop();
+    b.stop();
+}
+
+/// With Δ > 0 the clock site refuses recalls and the library retries on a
+/// timer (§6.1); coherence holds and every refusal ends.
+#[test]
+fn alternating_writes_with_delta_wait_out_the_window() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let ida = a.shmget(4244, page(), IPC_CREAT | 0o600).unwrap();
+    a.set_delta(ida, 3).unwrap();
+    let idb = b.shmget(4244, page(), 0o600).unwrap();
+    assert_eq!(
+        b.set_delta(idb, 3),
+        Err(ShmError::Invalid),
+        "Δ is set at the library"
+    );
+    let pa = a.shmat(ida, None, 0).unwrap() as *mut u64;
+    let pb = b.shmat(idb, None, 0).unwrap() as *mut u64;
+    for v in 1..=30u64 {
+        // SAFETY: live attach mappings.
+        unsafe {
+            let (w, r) = if v % 2 == 1 { (pa, pb) } else { (pb, pa) };
+            std::ptr::write_volatile(w, v);
+            assert_eq!(std::ptr::read_volatile(r), v, "stale read under Δ");
+        }
+    }
+    a.shmdt(pa as *mut u8).unwrap();
+    b.shmdt(pb as *mut u8).unwrap();
+}
+
+/// Negative control: a runtime that ships the core's copy without first
+/// write-protecting the page and copying memory into it must be caught by
+/// the same oracle (versions read back at the other site).
+#[test]
+fn the_oracle_catches_a_runtime_that_ships_without_syncing() {
+    let options = NodeOptions {
+        mutation: RuntimeMutation::ShipWithoutSync,
+        ..NodeOptions::default()
+    };
+    let (a, b) = two_sites(options).unwrap();
+    let ida = a.shmget(4243, page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(4243, page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap() as *mut u64;
+    let pb = b.shmat(idb, None, 0).unwrap() as *mut u64;
+    let mut stale = 0;
+    for v in 1..=20u64 {
+        // SAFETY: live attach mappings.
+        unsafe {
+            let (w, r) = if v % 2 == 1 { (pa, pb) } else { (pb, pa) };
+            std::ptr::write_volatile(w, v);
+            if std::ptr::read_volatile(r) != v {
+                stale += 1;
+            }
+        }
+    }
+    assert!(stale > 0, "the oracle missed a broken runtime");
+}
+
+/// fleisch89 Fig. 4's ping-pong, one thread per site, with the oracle:
+/// each side writes the next version of its slot only after reading the
+/// other side's latest, so any stale read shows as a version that went
+/// backwards or skipped.
+#[test]
+fn ping_pong_threads_on_two_sites_see_every_version_in_order() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let ida = a.shmget(77, 2 * page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(77, 2 * page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap() as usize;
+    let pb = b.shmat(idb, None, 0).unwrap() as usize;
+    const ROUNDS: u64 = 150;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let start = Arc::new(Barrier::new(2));
+    let side = |base: usize, me: u64, start: Arc<Barrier>| {
+        move || {
+            let turn = base as *mut u64; // whose turn: an ever-growing counter
+            let slot = (base + 8 * (1 + me as usize)) as *mut u64;
+            let other = (base + 8 * (2 - me as usize)) as *const u64;
+            start.wait();
+            let mut last_other = 0;
+            for r in 0..ROUNDS {
+                let my_turn = 2 * r + me;
+                loop {
+                    // SAFETY: a live attach mapping; faults are served.
+                    let t = unsafe { std::ptr::read_volatile(turn) };
+                    assert!(t <= my_turn, "turn ran ahead: {t} > {my_turn}");
+                    if t == my_turn {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "no progress at turn {my_turn}");
+                    std::thread::yield_now();
+                }
+                // SAFETY: as above.
+                unsafe {
+                    let o = std::ptr::read_volatile(other);
+                    assert!(o >= last_other, "stale read: version went back");
+                    // At turn 2r, b has written r versions; at 2r+1, a has written r+1.
+                    assert_eq!(o, r + me, "stale read of the other site's version");
+                    last_other = o;
+                    std::ptr::write_volatile(slot, r + 1);
+                    std::ptr::write_volatile(turn, my_turn + 1);
+                }
+            }
+        }
+    };
+    let ta = std::thread::spawn(side(pa, 0, start.clone()));
+    let tb = std::thread::spawn(side(pb, 1, start));
+    ta.join().expect("site a's program");
+    tb.join().expect("site b's program");
+    a.shmdt(pa as *mut u8).unwrap();
+    b.shmdt(pb as *mut u8).unwrap();
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn system_v_semantics_of_get_attach_and_control() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    assert_eq!(b.shmget(9, page(), 0o600), Err(ShmError::NotFound));
+    let id = a.shmget(9, page(), IPC_CREAT | IPC_EXCL | 0o600).unwrap();
+    assert_eq!(
+        b.shmget(9, page(), IPC_CREAT | IPC_EXCL | 0o600),
+        Err(ShmError::Exists)
+    );
+    let idb = b.shmget(9, page(), IPC_CREAT | 0o600).unwrap();
+    let w = a.shmat(id, None, 0).unwrap() as *mut u32;
+    let r = b.shmat(idb, None, SHM_RDONLY).unwrap() as *const u32;
+    // SAFETY: live attach mappings.
+    unsafe {
+        std::ptr::write_volatile(w, 0xfeed);
+        assert_eq!(std::ptr::read_volatile(r), 0xfeed);
+    }
+    let st = b.shmctl(idb, ShmCtl::Stat).unwrap().unwrap();
+    assert_eq!((st.key, st.nattch), (9, 1));
+    b.shmctl(idb, ShmCtl::Set { mode: 0o400 }).unwrap();
+    assert_eq!(b.shmat(idb, None, 0), Err(ShmError::Access));
+    // IPC_RMID: the key disappears at once; attached memory stays usable.
+    a.shmctl(id, ShmCtl::Rmid).unwrap();
+    assert_eq!(a.shmat(id, None, 0), Err(ShmError::Removed));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.shmget(9, page(), 0o600) != Err(ShmError::NotFound) {
+        assert!(Instant::now() < deadline, "the key outlived IPC_RMID");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: still attached.
+    unsafe { assert_eq!(std::ptr::read_volatile(r), 0xfeed) };
+    // A given address is honoured (a second attach keeps the segment
+    // alive: Mirage destroys a segment at its last detach, §2.2).
+    let priv_id = b.shmget(0, page(), 0o600).unwrap();
+    let keep = b.shmat(priv_id, None, 0).unwrap();
+    let free = b.shmat(priv_id, None, 0).unwrap();
+    b.shmdt(free).unwrap();
+    let at = b.shmat(priv_id, Some(free as usize), 0).unwrap();
+    assert_eq!(at, free);
+    assert_eq!(
+        b.shmat(priv_id, Some(keep as usize), 0),
+        Err(ShmError::Invalid)
+    );
+    b.shmdt(at).unwrap();
+    b.shmdt(keep).unwrap();
+    // The last detach destroyed it.
+    assert_eq!(b.shmat(priv_id, None, 0), Err(ShmError::Removed));
+    a.shmdt(w as *mut u8).unwrap();
+    b.shmdt(r as *mut u8).unwrap();
+    assert_eq!(b.shmdt(r as *mut u8), Err(ShmError::Invalid));
+    a.stop();
+    b.stop();
+}
+
+/// Two sites `IPC_CREAT` one key at once: both get the same segment.
+#[test]
+fn simultaneous_creates_of_one_key_yield_one_segment() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let go = Arc::new(Barrier::new(2));
+    let run = |d: Arc<mmulab_mirage::runtime::shm::Dsm>, go: Arc<Barrier>| {
+        std::thread::spawn(move || {
+            go.wait();
+            let id = d.shmget(31337, page(), IPC_CREAT | 0o600).unwrap();
+            d.shmctl(id, ShmCtl::Stat).unwrap().unwrap().segment
+        })
+    };
+    let ta = run(a.clone(), go.clone());
+    let tb = run(b.clone(), go);
+    assert_eq!(ta.join().unwrap(), tb.join().unwrap());
+}
+
+/// The runtime holds no protocol decision: a trace recorded from a real
+/// run, replayed through the core alone, yields the same actions.
+#[test]
+fn a_recorded_trace_replays_through_the_core_alone() {
+    let options = NodeOptions {
+        record_trace: true,
+        ..NodeOptions::default()
+    };
+    let (a, b) = two_sites(options).unwrap();
+    let ida = a.shmget(5, 2 * page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(5, 2 * page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap() as *mut u64;
+    let pb = b.shmat(idb, None, 0).unwrap() as *mut u64;
+    for v in 1..=20u64 {
+        // SAFETY: live attach mappings.
+        unsafe {
+            std::ptr::write_volatile(pa, v);
+            assert_eq!(std::ptr::read_volatile(pb), v);
+            std::ptr::write_volatile(pb.add(page() / 8), v);
+            assert_eq!(std::ptr::read_volatile(pa.add(page() / 8)), v);
+        }
+    }
+    a.shmdt(pa as *mut u8).unwrap();
+    b.shmdt(pb as *mut u8).unwrap();
+    let tick_ns = a.node().config().tick_ns;
+    for (site, d) in [(SiteId(0), &a), (SiteId(1), &b)] {
+        let trace = d.node().take_trace();
+        let events = replay(site, 2, tick_ns, &trace).expect("replay matches");
+        assert!(events > 20, "{site:?}: only {events} events");
+    }
+}
+
+/// A peer that sends garbage is logged by name with the reason and
+/// dropped; the site keeps serving.
+#[test]
+fn a_garbage_peer_is_dropped_with_its_reason() {
+    use std::io::Write;
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let mut s = std::net::TcpStream::connect(a.node().local_addr()).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.node().dropped_peers().is_empty() {
+        assert!(Instant::now() < deadline, "garbage peer not dropped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let line = a.node().dropped_peers().remove(0);
+    assert!(line.contains("bad-magic"), "{line}");
+    // The cluster still works.
+    let id = b.shmget(0x77, page(), IPC_CREAT | 0o600).unwrap();
+    let p = b.shmat(id, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    unsafe {
+        std::ptr::write_volatile(p, 1);
+        assert_eq!(std::ptr::read_volatile(p), 1);
+    }
+    b.shmdt(p).unwrap();
+}
+
+/// Many threads of both sites hammer two pages with versioned writes;
+/// each page's version only ever grows as seen by every reader, and no
+/// increment is lost. This caught the runtime granting rights at each
+/// `Install` of a batch whose later action shipped the page (an install
+/// replaying a deferred recall): a write in between was lost.
+#[test]
+fn concurrent_readers_and_writers_never_see_a_version_go_back() {
+    const ROUNDS: u64 = 200;
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let ida = a.shmget(606, 2 * page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(606, 2 * page(), 0o600).unwrap();
+    let bases = [
+        a.shmat(ida, None, 0).unwrap() as usize,
+        b.shmat(idb, None, 0).unwrap() as usize,
+    ];
+    let written = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut threads = Vec::new();
+    for (t, &base) in [bases[0], bases[1], bases[0], bases[1]].iter().enumerate() {
+        let written = written.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut seen = [0u64; 2];
+            for i in 0..ROUNDS {
+                assert!(Instant::now() < deadline, "no progress");
+                let pg = ((i + t as u64) % 2) as usize;
+                let word = (base + pg * page()) as *mut AtomicU64;
+                // SAFETY: a live attach mapping; the atomic is in shared memory.
+                let cell = unsafe { &*word };
+                if (i + t as u64).is_multiple_of(3) {
+                    let v = cell.fetch_add(1, Ordering::SeqCst) + 1;
+                    written.fetch_max(v, Ordering::SeqCst);
+                    assert!(v > seen[pg], "write saw an old version");
+                    seen[pg] = v;
+                } else {
+                    let v = cell.load(Ordering::SeqCst);
+                    assert!(v >= seen[pg], "stale read: {v} < {}", seen[pg]);
+                    seen[pg] = v;
+                }
+            }
+        }));
+    }
+    for t in threads {
+        t.join().expect("program thread");
+    }
+    // Total increments land exactly: no write was lost across sites.
+    // SAFETY: live mappings.
+    let total: u64 = (0..2)
+        .map(|pg| unsafe { std::ptr::read_volatile((bases[0] + pg * page()) as *const u64) })
+        .sum();
+    let expected: u64 = (0..4u64)
+        .map(|t| (0..ROUNDS).filter(|i| (i + t).is_multiple_of(3)).count() as u64)
+        .sum();
+    assert_eq!(total, expected, "lost writes");
+    a.shmdt(bases[0] as *mut u8).unwrap();
+    b.shmdt(bases[1] as *mut u8).unwrap();
+}
+
+/// `mmulab dsm site --config F --name N`'s entry point starts from a
+/// `cluster.toml`, says which fault path it uses, and stops when told.
+#[test]
+fn run_site_starts_from_a_config_file_and_stops() {
+    use std::sync::atomic::AtomicBool;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dir = std::env::temp_dir().join(format!("mirage-site-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cluster.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "cluster_id = 11\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\n\
+             [[key]]\nkey = 1\ndelta_ticks = 2\n"
+        ),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s2, p2) = (stop.clone(), path.clone());
+    let site = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        mmulab_mirage::runtime::cli::run_site(&p2, "a", &s2, &mut |l| lines.push(l.to_string()))
+            .map(|_| lines)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::SeqCst);
+    let lines = site.join().unwrap().unwrap();
+    assert!(
+        lines[0].starts_with("fault path: mprotect+SIGSEGV"),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains(&port.to_string()), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The child half of `two_processes_share_a_segment_coherently`: a no-op
+/// unless the parent started this binary with `MIRAGE_CHILD_CONFIG`.
+#[test]
+fn child_site_b() {
+    let Ok(path) = std::env::var("MIRAGE_CHILD_CONFIG") else {
+        return;
+    };
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = mmulab_mirage::runtime::ClusterConfig::parse(&text).unwrap();
+    let node = mmulab_mirage::runtime::Node::start(config, "b", NodeOptions::default()).unwrap();
+    let b = mmulab_mirage::runtime::shm::Dsm::new(node);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        match b.shmget(2024, page(), 0o600) {
+            Ok(id) => break id,
+            Err(ShmError::NotFound) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("child shmget: {e}"),
+        }
+    };
+    let base = b.shmat(id, None, 0).unwrap() as usize;
+    play_side(base, 1, deadline);
+    b.shmdt(base as *mut u8).unwrap();
+    b.stop();
+}
+
+const PROCESS_ROUNDS: u64 = 100;
+
+/// One side of fleisch89 Fig. 4's ping-pong with the version oracle.
+fn play_side(base: usize, me: u64, deadline: Instant) {
+    let turn = base as *mut u64;
+    let slot = (base + 8 * (1 + me as usize)) as *mut u64;
+    let other = (base + 8 * (2 - me as usize)) as *const u64;
+    for r in 0..PROCESS_ROUNDS {
+        let my_turn = 2 * r + me;
+        // SAFETY: a live attach mapping; faults are served by the daemon.
+        while unsafe { std::ptr::read_volatile(turn) } != my_turn {
+            assert!(Instant::now() < deadline, "no progress at turn {my_turn}");
+            std::thread::yield_now();
+        }
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(std::ptr::read_volatile(other), r + me, "stale read");
+            std::ptr::write_volatile(slot, r + 1);
+            std::ptr::write_volatile(turn, my_turn + 1);
+        }
+    }
+}
+
+/// Two sites in two processes (this binary re-run as the child): the
+/// ping-pong with the version oracle, over loopback TCP.
+#[test]
+fn two_processes_share_a_segment_coherently() {
+    if std::env::var("MIRAGE_CHILD_CONFIG").is_ok() {
+        return;
+    }
+    let la = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port_b = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dir = std::env::temp_dir().join(format!("mirage-2proc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cluster.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "cluster_id = 12\n[[site]]\nname = \"a\"\naddr = \"{}\"\n\
+             [[site]]\nname = \"b\"\naddr = \"127.0.0.1:{port_b}\"\n",
+            la.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let config =
+        mmulab_mirage::runtime::ClusterConfig::parse(&std::fs::read_to_string(&path).unwrap())
+            .unwrap();
+    let node = mmulab_mirage::runtime::Node::start_with_listener(
+        config,
+        SiteId(0),
+        la,
+        NodeOptions::default(),
+    )
+    .unwrap();
+    let a = mmulab_mirage::runtime::shm::Dsm::new(node);
+    let id = a.shmget(2024, page(), IPC_CREAT | 0o600).unwrap();
+    let base = a.shmat(id, None, 0).unwrap() as usize;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["child_site_b", "--exact", "--nocapture", "--test-threads=1"])
+        .env("MIRAGE_CHILD_CONFIG", &path)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    play_side(base, 0, deadline);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("child site did not finish in time");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "child site failed: {status}");
+    // SAFETY: still attached; the child's last write is visible here.
+    unsafe {
+        assert_eq!(
+            std::ptr::read_volatile((base + 16) as *const u64),
+            PROCESS_ROUNDS
+        );
+    }
+    a.shmdt(base as *mut u8).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Peers with a wrong cluster id, a stale incarnation, or that vanish
+/// mid-frame are logged by name with the reason and dropped; the core
+/// never sees the partial page.
+#[test]
+fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
+    use mmulab_mirage::core::{Access, Msg, PageNo, SegmentId};
+    use mmulab_mirage::wire::{self, Frame, Hello, Limits};
+    use std::io::Write;
+    let (a, _b) = two_sites(NodeOptions::default()).unwrap();
+    let addr = a.node().local_addr();
+    let cluster_id = a.node().config().cluster_id;
+    let hello = |cluster_id: u64, incarnation: u64| Hello {
+        version: wire::PROTOCOL_VERSION,
+        cluster_id,
+        site: SiteId(1),
+        name: "b".into(),
+        incarnation,
+    };
+    let wait_for = |reason: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = a.node().dropped_peers();
+            if let Some(line) = d.iter().find(|l| l.contains(reason)) {
+                return line.clone();
+            }
+            assert!(Instant::now() < deadline, "no `{reason}` drop in {d:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // Wrong cluster.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id ^ 1, u64::MAX - 1))).unwrap();
+    wait_for("wrong-cluster");
+    // A newer incarnation of b, then an older one: stale.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id, u64::MAX - 1))).unwrap();
+    let answer = wire::read_frame(&mut s, &Limits::default()).unwrap();
+    assert!(matches!(answer, Frame::Hello(h) if h.site == SiteId(0)));
+    let mut old = std::net::TcpStream::connect(addr).unwrap();
+    wire::write_frame(&mut old, Frame::Hello(hello(cluster_id, 1))).unwrap();
+    wait_for("stale-incarnation");
+    // Half a page frame, then the peer vanishes.
+    let page = Msg::Page {
+        segment: SegmentId {
+            library: SiteId(0),
+            serial: 0,
+        },
+        page: PageNo(0),
+        op: 1,
+        epoch: 1,
+        access: Access::Write,
+        bytes: vec![0xee; 4096],
+        window_ticks: 0,
+        clock_of: None,
+    };
+    let bytes = wire::encode(Frame::Core(page));
+    s.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    drop(s);
+    let line = wait_for("truncated");
+    assert!(line.contains("site b"), "{line}");
+}
+
+/// A limit, documented: the kernel does not raise SIGSEGV for a system
+/// call's access to user memory, so `read(fd, shm, n)` into a page not
+/// held for writing here fails with EFAULT (as under userfaultfd's
+/// user-mode-only mode). Touching the page first makes it work.
+#[test]
+fn a_syscall_into_a_page_not_held_gets_efault() {
+    use nix::libc;
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let ida = a.shmget(515, page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(515, page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap();
+    let pb = b.shmat(idb, None, 0).unwrap();
+    let mut fds = [0i32; 2];
+    // SAFETY: plain pipe(2) and read/write(2) on our own fds; the
+    // destination is a live attach mapping (not held here: no access).
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        assert_eq!(libc::write(fds[1], b"12345678".as_ptr().cast(), 8), 8);
+        let n = libc::read(fds[0], pb.cast(), 8);
+        assert_eq!(n, -1);
+        assert_eq!(*libc::__errno_location(), libc::EFAULT);
+        std::ptr::write_volatile(pb, 0); // fault the write copy in
+        assert_eq!(libc::read(fds[0], pb.cast(), 8), 8);
+        assert_eq!(std::ptr::read_volatile(pa.add(7)), b'8');
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    a.shmdt(pa).unwrap();
+    b.shmdt(pb).unwrap();
+}
