@@ -54,6 +54,16 @@ pub enum TraceCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Convert a lackey log to mmulab's compact binary trace.
+    Convert {
+        log: PathBuf,
+        #[arg(short = 'o')]
+        out: PathBuf,
+        #[arg(long, default_value_t = 4096)]
+        page_size: u64,
+        #[arg(long)]
+        allow_truncated: bool,
+    },
     /// Write exactly the references simulated (page-crossing accesses split,
     /// M as a load then a store) for Dinero IV.
     Export {
@@ -151,6 +161,21 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 eprintln!("warning: {w}");
             }
             println!("{}", serde_json::to_string_pretty(&s)?);
+        }
+        TraceCommand::Convert {
+            log,
+            out,
+            page_size,
+            allow_truncated,
+        } => {
+            let shift = mmulab_trace::page_shift(page_size).map_err(code)?;
+            let (summary, warning) =
+                mmulab_trace::binary::convert_lackey(&log, &out, shift, 0, allow_truncated)
+                    .map_err(code)?;
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            println!("{}", serde_json::to_string_pretty(&summary)?);
         }
         TraceCommand::Export {
             trace,

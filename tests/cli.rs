@@ -309,3 +309,36 @@ fn tester_with_more_children_than_counters_per_page_finishes() {
     assert_eq!(r["workload"]["figures"]["children_faulted"], 519.0);
     assert_eq!(r["oracle"]["violations"], 0);
 }
+
+#[test]
+fn trace_sim_json_and_malformed_lines() {
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        "crates/trace/tests/fixtures/fork-child.lackey.log",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["refs"].as_u64().unwrap() > 0);
+    assert!(r["misses"].as_u64().unwrap() > 0);
+    let d = tmp("badtrace");
+    let bad = d.join("bad.log");
+    std::fs::write(&bad, " L 1000,4\n Q junk\n").unwrap();
+    let o = mmulab(&["trace", "sim", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("bad.log:2") && e.contains("Q junk"), "{e}");
+}
+
+#[test]
+fn dsm_bench_quick_json_has_the_contract_keys() {
+    let o = mmulab(&["dsm", "bench", "--quick", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["remote_fault_ns"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(r["remote_fault_ns"]["p99"].as_f64().unwrap() > 0.0);
+    assert!(r["limit_ns"].as_f64().unwrap() > 0.0);
+    assert!(r["ratio"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["stale_reads"], 0);
+}
