@@ -255,7 +255,7 @@ impl Oracle {
 
     /// Checks one use of a TLB entry (hot path: one slot read when nothing
     /// was reduced since the fill).
-    #[inline]
+    #[inline(always)]
     pub fn check_use(
         &mut self,
         slot: u32,

@@ -91,10 +91,12 @@ impl PhysMem {
         self.free.push(pfn);
     }
 
+    #[inline]
     pub fn is_data(&self, pfn: Pfn) -> bool {
         matches!(self.frames.get(pfn.0 as usize), Some(Frame::Data(_)))
     }
 
+    #[inline]
     pub fn data(&self, pfn: Pfn) -> &[u64] {
         match &self.frames[pfn.0 as usize] {
             Frame::Data(d) => d,
@@ -102,6 +104,7 @@ impl PhysMem {
         }
     }
 
+    #[inline]
     pub fn data_mut(&mut self, pfn: Pfn) -> &mut [u64] {
         match &mut self.frames[pfn.0 as usize] {
             Frame::Data(d) => d,
@@ -131,10 +134,12 @@ impl PhysMem {
     }
 
     /// A 64-bit word load; `offset` is the byte offset within the frame.
+    #[inline]
     pub fn load(&self, pfn: Pfn, offset: u64) -> u64 {
         self.data(pfn)[(offset / 8) as usize]
     }
 
+    #[inline]
     pub fn store(&mut self, pfn: Pfn, offset: u64, value: u64) {
         self.data_mut(pfn)[(offset / 8) as usize] = value;
     }

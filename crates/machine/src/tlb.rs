@@ -226,21 +226,29 @@ impl Tlb {
         e.valid = true;
         e.asid = self.tag_asid(e.asid);
         let set_base = ((e.vpn.0 & self.set_mask) as usize) * self.ways;
-        let set = set_base..set_base + self.ways;
-        let slot = if let Some(i) = set
-            .clone()
-            .find(|&i| Self::matches(&self.slots[i], e.vpn, e.asid))
-        {
-            i
-        } else if let Some(i) = set.clone().find(|&i| !self.slots[i].valid) {
-            i
-        } else {
-            match self.cfg.policy {
-                Policy::Random => set_base + self.rng.below(self.ways as u64) as usize,
-                Policy::Fifo | Policy::Lru => set
-                    .min_by_key(|&i| (self.stamp[i], i))
-                    .expect("non-empty set"),
+        // One pass over the set: a slot already holding the page wins, then
+        // the first invalid slot, then the replacement policy's victim
+        // (oldest stamp, lowest index on ties).
+        let mut same = None;
+        let mut free = None;
+        let mut oldest = (u64::MAX, set_base);
+        for i in set_base..set_base + self.ways {
+            let s = &self.slots[i];
+            if !s.valid {
+                free = free.or(Some(i));
+            } else if Self::matches(s, e.vpn, e.asid) {
+                same = Some(i);
+                break;
+            } else if self.stamp[i] < oldest.0 {
+                oldest = (self.stamp[i], i);
             }
+        }
+        let slot = match (same, free) {
+            (Some(i), _) | (None, Some(i)) => i,
+            (None, None) => match self.cfg.policy {
+                Policy::Random => set_base + self.rng.below(self.ways as u64) as usize,
+                Policy::Fifo | Policy::Lru => oldest.1,
+            },
         };
         let old = self.slots[slot];
         let victim = if old.valid && !(old.vpn == e.vpn && old.asid == e.asid) {

@@ -163,10 +163,12 @@ impl Program for Sweeper {
             sh.borrow_mut().finished += 1;
             return Op::Exit;
         }
-        // One mprotect every `mprotect_every` references machine-wide: each
-        // thread takes its turn every threads × mprotect_every of its own.
-        let period = self.spec.mprotect_every * self.spec.threads as u64;
-        let turn = self.index * self.spec.mprotect_every;
+        // One mprotect every `mprotect_every` references machine-wide: the
+        // threads make references at the same rate, so each takes its turn
+        // every `mprotect_every × threads` machine-wide references, that is
+        // every `mprotect_every` of its own, staggered by its index.
+        let period = self.spec.mprotect_every;
+        let turn = self.index * self.spec.mprotect_every / self.spec.threads as u64;
         let shared_page = region + ((self.done / period) % self.spec.shared_pages) * PAGE;
         match self.phase {
             2 => {
