@@ -122,7 +122,15 @@ pub struct Liveness {
 /// Everything the simulation mutates.
 pub struct World {
     pub cfg: SimConfig,
+    /// Kernel events: resumes, interrupts, wake-ups, windows.
     pub(crate) queue: EventQueue<Event>,
+    /// User slices, kept apart: they never change kernel state, so a
+    /// spinning CPU need not wake for them (see `Sim::spin_until`).
+    pub(crate) slices: EventQueue<(CpuId, u64)>,
+    /// The time of the event being processed.
+    pub(crate) now: Cycles,
+    /// Per CPU, while it spins: (wake time, spin start, iteration).
+    pub(crate) spinners: Vec<Option<(Cycles, Cycles, u64)>>,
     pub mem: PhysMem,
     pub oracle: Oracle,
     pub cpus: Vec<Cpu>,
@@ -163,7 +171,7 @@ pub struct World {
 
 impl World {
     pub fn now(&self) -> Cycles {
-        self.queue.now()
+        self.now
     }
     pub fn record(&mut self, hist: &str, v: f64) {
         self.hists.entry(hist.to_string()).or_default().record(v);
@@ -250,6 +258,9 @@ impl Sim {
         let rng = SimRng::new(cfg.seed, "kernel");
         let world = World {
             queue: EventQueue::new(),
+            slices: EventQueue::new(),
+            now: Cycles::ZERO,
+            spinners: vec![None; cfg.cpus],
             mem,
             oracle: Oracle::new(),
             cpus,
@@ -303,7 +314,7 @@ impl Sim {
     }
 
     pub fn now(&self) -> Cycles {
-        self.w().queue.now()
+        self.w().now
     }
 
     pub fn costs(&self) -> Costs {
@@ -342,6 +353,30 @@ impl Sim {
         c.resume_gen += 1;
         let generation = c.resume_gen;
         w.queue.push(at, Event::Resume { cpu, generation });
+        // New kernel work from user mode (a trap or an interrupt taken on
+        // the hot path) is the one kind of kernel event a spinner could not
+        // foresee: wake any spinner sleeping past it at the first iteration
+        // boundary after it, as if it had polled all along.
+        for s in 0..w.spinners.len() {
+            if let Some((wake, since, step)) = w.spinners[s]
+                && wake > at
+            {
+                let rearm = since + Cycles((at - since).0.div_ceil(step) * step);
+                if rearm < wake {
+                    w.spinners[s] = Some((rearm, since, step));
+                    let c = &mut w.cpus[s];
+                    c.resume_gen += 1;
+                    let generation = c.resume_gen;
+                    w.queue.push(
+                        rearm,
+                        Event::Resume {
+                            cpu: CpuId(s as u16),
+                            generation,
+                        },
+                    );
+                }
+            }
+        }
     }
 
     fn poll_cpu(&self, cpu: CpuId) {
@@ -438,22 +473,30 @@ impl Sim {
             (w.cfg.costs.spin_iteration_cycles.max(1), w.cfg.spin_bound)
         };
         let since = self.now();
-        let mut n = 0u64;
         loop {
             if cond(&self.w()) {
                 break;
             }
-            let skip = {
+            // The next kernel event is the first time the condition can
+            // change (user slices never change kernel state; kernel work a
+            // slice starts re-arms this spinner in `spawn`).
+            let wake = {
                 let w = self.w();
                 let now = w.now();
-                match w.queue.peek_time() {
-                    Some(t) if t > now => (t.0 - now.0).div_ceil(step).max(1),
-                    Some(_) => 1,
-                    None => bound + 1,
+                let done = (now - since).0 / step;
+                if done > bound {
+                    None
+                } else {
+                    let target = match w.queue.peek_time() {
+                        Some(t) if t > now => t,
+                        Some(_) => now + Cycles(1),
+                        None => since + Cycles((bound + 1) * step),
+                    };
+                    let k = (target - since).0.div_ceil(step).max(done + 1);
+                    Some(since + Cycles(k * step))
                 }
             };
-            n += skip;
-            if n > bound {
+            let Some(wake) = wake else {
                 {
                     let mut w = self.w();
                     let at = w.now();
@@ -466,9 +509,16 @@ impl Sim {
                     w.stop = true;
                 }
                 std::future::pending::<()>().await;
+                return;
+            };
+            self.w().spinners[cpu.index()] = Some((wake, since, step));
+            self.sleep_until(cpu, wake).await;
+            self.w().spinners[cpu.index()] = None;
+            if self.w().cpus[cpu.index()].takeable().is_some() {
+                self.take_interrupts(cpu).await;
             }
-            self.delay(cpu, Cycles(step * skip)).await;
         }
+        let n = (self.now() - since).0 / step;
         if n > 0 {
             self.count("spin.iterations", n);
         }
@@ -656,15 +706,25 @@ impl Sim {
                 if w.stop {
                     break;
                 }
-                match w.queue.peek_time() {
-                    None => break,
-                    Some(t) if t > max => {
-                        w.timed_out = true;
-                        break;
-                    }
-                    _ => {}
+                // Kernel events before user slices at the same cycle.
+                let kernel = w.queue.peek_time();
+                let slice = w.slices.peek_time();
+                let next = match (kernel, slice) {
+                    (None, None) => break,
+                    (Some(k), Some(s)) => k.min(s),
+                    (Some(t), None) | (None, Some(t)) => t,
+                };
+                if next > max {
+                    w.timed_out = true;
+                    break;
                 }
-                w.queue.pop().expect("peeked")
+                w.now = next;
+                if kernel == Some(next) {
+                    w.queue.pop().expect("peeked")
+                } else {
+                    let (t, (cpu, generation)) = w.slices.pop().expect("peeked");
+                    (t, Event::UserSlice { cpu, generation })
+                }
             };
             match ev.1 {
                 Event::Resume { cpu, generation } => {
@@ -701,7 +761,7 @@ impl Sim {
             liveness: w.liveness.clone(),
             end: w.now(),
             refs: w.refs,
-            events: w.queue.scheduled(),
+            events: w.queue.scheduled() + w.slices.scheduled(),
             timed_out: w.timed_out,
         }
     }
@@ -791,7 +851,7 @@ impl Sim {
         c.slice_gen += 1;
         c.local = at;
         let generation = c.slice_gen;
-        w.queue.push(at, Event::UserSlice { cpu, generation });
+        w.slices.push(at, (cpu, generation));
     }
 
     // ----- the hot path --------------------------------------------------
@@ -862,7 +922,7 @@ impl Sim {
             None => {
                 w.cpus[ci].slice_gen += 1;
                 let generation = w.cpus[ci].slice_gen;
-                w.queue.push(at, Event::UserSlice { cpu, generation });
+                w.slices.push(at, (cpu, generation));
             }
             Some(trap) => {
                 w.cpus[ci].slice_gen += 1;
