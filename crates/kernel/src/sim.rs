@@ -972,21 +972,18 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
         match translate(w, cpu, tid, va, store) {
             Ok(pfn) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
-                // One look at the frame: a stale translation may name a
-                // frame that is free or now a page table (a wild access).
-                match w.mem.words_mut(pfn) {
-                    Some(words) => {
-                        let word = &mut words[(off / 8) as usize];
-                        match refs.kind {
-                            RefKind::Load => last_load = *word,
-                            RefKind::Store(v) => *word = v,
-                            RefKind::Increment => {
-                                last_load = *word;
-                                *word = word.wrapping_add(1);
-                            }
+                if w.mem.is_data(pfn) {
+                    match refs.kind {
+                        RefKind::Load => last_load = w.mem.load(pfn, off),
+                        RefKind::Store(v) => w.mem.store(pfn, off, v),
+                        RefKind::Increment => {
+                            let v = w.mem.load(pfn, off);
+                            last_load = v;
+                            w.mem.store(pfn, off, v.wrapping_add(1));
                         }
                     }
-                    None => w.wild_accesses += 1,
+                } else {
+                    w.wild_accesses += 1;
                 }
                 w.refs += 1 + extra;
                 w.cpus[ci].local += ref_cycles;

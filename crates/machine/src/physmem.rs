@@ -91,16 +91,6 @@ impl PhysMem {
         self.free.push(pfn);
     }
 
-    /// The words of a data frame, or None when the frame is free or a
-    /// page table (the hot path's single check).
-    #[inline]
-    pub fn words_mut(&mut self, pfn: Pfn) -> Option<&mut [u64]> {
-        match self.frames.get_mut(pfn.0 as usize) {
-            Some(Frame::Data(d)) => Some(d),
-            _ => None,
-        }
-    }
-
     #[inline]
     pub fn is_data(&self, pfn: Pfn) -> bool {
         matches!(self.frames.get(pfn.0 as usize), Some(Frame::Data(_)))
