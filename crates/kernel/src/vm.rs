@@ -299,20 +299,17 @@ impl Sim {
             self.delay(cpu, Cycles(costs.copy_page_cycles)).await;
             let mapped = self.w().pte(pmap, Vpn(vpn)).present();
             if mapped {
-                self.begin_op(cpu, "cow break");
-                let p = self.protocol();
-                p.update(
-                    self,
+                self.reduce(
                     cpu,
-                    Update {
+                    "cow break",
+                    &[Update {
                         pmap,
                         start: Vpn(vpn),
                         pages: 1,
                         change: Change::Remove,
-                    },
+                    }],
                 )
                 .await;
-                self.end_op(cpu);
             }
             (new, true)
         } else {
@@ -356,6 +353,18 @@ impl Sim {
             p.enter(self, cpu, KERNEL_PMAP, Vpn(vpn), pfn, true).await;
         }
         self.unlock(cpu, lock).await;
+    }
+
+    /// One VM operation that reduces rights: the oracle sees it begin, the
+    /// protocol carries out each update, and it ends (complete at once
+    /// unless a lazy scheme deferred it).
+    async fn reduce(&self, cpu: CpuId, what: &str, updates: &[Update]) {
+        self.begin_op(cpu, what);
+        let p = self.protocol();
+        for &u in updates {
+            p.update(self, cpu, u).await;
+        }
+        self.end_op(cpu);
     }
 
     /// Splits the region containing `at` so that a region starts there.
@@ -427,20 +436,17 @@ impl Sim {
             Syscall::Munmap { va, pages } => {
                 let start = va >> PAGE_SHIFT;
                 let regions = self.regions_in(task, start, pages);
-                self.begin_op(cpu, "munmap");
-                let p = self.protocol();
-                p.update(
-                    self,
+                self.reduce(
                     cpu,
-                    Update {
+                    "munmap",
+                    &[Update {
                         pmap,
                         start: Vpn(start),
                         pages,
                         change: Change::Remove,
-                    },
+                    }],
                 )
                 .await;
-                self.end_op(cpu);
                 for r in regions {
                     self.w().tasks[task.0 as usize].regions.remove(&r.start);
                     self.free_unshared(r.object, r.offset, r.pages);
@@ -468,25 +474,17 @@ impl Sim {
                     } else {
                         Change::ReadOnly
                     };
-                    self.begin_op(cpu, "mprotect");
-                    let p = self.protocol();
-                    for r in regions
+                    let updates: Vec<Update> = regions
                         .iter()
                         .filter(|r| prot_rank(prot) < prot_rank(r.prot))
-                    {
-                        p.update(
-                            self,
-                            cpu,
-                            Update {
-                                pmap,
-                                start: Vpn(r.start),
-                                pages: r.pages,
-                                change,
-                            },
-                        )
-                        .await;
-                    }
-                    self.end_op(cpu);
+                        .map(|r| Update {
+                            pmap,
+                            start: Vpn(r.start),
+                            pages: r.pages,
+                            change,
+                        })
+                        .collect();
+                    self.reduce(cpu, "mprotect", &updates).await;
                 }
                 0
             }
@@ -520,22 +518,17 @@ impl Sim {
                 self.w().tasks[child_task.0 as usize].next_vpn = next;
                 // Write access to every private page is taken away: the next
                 // write faults and copies.
-                self.begin_op(cpu, "fork");
-                let p = self.protocol();
-                for r in parent_regions.iter().filter(|r| r.prot == Prot::ReadWrite) {
-                    p.update(
-                        self,
-                        cpu,
-                        Update {
-                            pmap,
-                            start: Vpn(r.start),
-                            pages: r.pages,
-                            change: Change::ReadOnly,
-                        },
-                    )
-                    .await;
-                }
-                self.end_op(cpu);
+                let updates: Vec<Update> = parent_regions
+                    .iter()
+                    .filter(|r| r.prot == Prot::ReadWrite)
+                    .map(|r| Update {
+                        pmap,
+                        start: Vpn(r.start),
+                        pages: r.pages,
+                        change: Change::ReadOnly,
+                    })
+                    .collect();
+                self.reduce(cpu, "fork", &updates).await;
                 self.count("vm.forks", 1);
                 self.spawn_thread(child_task, child, None);
                 child_task.0 as u64
@@ -793,21 +786,16 @@ impl Sim {
         let regions: Vec<Region> = std::mem::take(&mut self.w().tasks[task.0 as usize].regions)
             .into_values()
             .collect();
-        self.begin_op(cpu, "task exit");
-        for r in &regions {
-            p.update(
-                self,
-                cpu,
-                Update {
-                    pmap,
-                    start: Vpn(r.start),
-                    pages: r.pages,
-                    change: Change::Remove,
-                },
-            )
-            .await;
-        }
-        self.end_op(cpu);
+        let updates: Vec<Update> = regions
+            .iter()
+            .map(|r| Update {
+                pmap,
+                start: Vpn(r.start),
+                pages: r.pages,
+                change: Change::Remove,
+            })
+            .collect();
+        self.reduce(cpu, "task exit", &updates).await;
         for r in regions {
             self.release_object(r.object);
         }
