@@ -643,6 +643,47 @@ mod tests {
         }
     }
 
+    /// Why Table VIII's D cannot be arbitrarily worse than A: beyond its first miss, an
+    /// L2 PTE misses under D only after a random fill evicted it, which a fill does with
+    /// probability (live L2 PTEs)/64.
+    #[test]
+    fn placement_d_extra_l2_misses_are_bounded_by_random_eviction() {
+        use crate::pagetable::l2_of_user;
+        for os in [OsKind::Mach3, OsKind::Mach3AfsOut] {
+            let s = stream(os, 7);
+            let mut l2s: Vec<Key> = s
+                .iter()
+                .filter(|r| r.key.class() == PteClass::L1U)
+                .map(|r| l2_of_user(r.key.task(), r.key.page()))
+                .collect();
+            l2s.sort();
+            l2s.dedup();
+            let k = l2s.len() as f64;
+            let d = TlbSetup {
+                lower: 0,
+                placement: Placement::D,
+                ..TlbSetup::default()
+            };
+            let o = &simulate_direct(&s, os, &[d], &costs(os), 7).unwrap()[0];
+            let fills: u64 = [
+                MissType::L1U,
+                MissType::L1K,
+                MissType::L2,
+                MissType::L3,
+                MissType::Invalid,
+            ]
+            .iter()
+            .map(|t| o.count(*t))
+            .sum();
+            let extra = o.count(MissType::L2) as f64 - k;
+            let bound = fills as f64 * k / 64.0;
+            assert!(
+                extra > 0.0 && extra <= bound,
+                "{os:?}: {extra} extra L2 misses, bound {bound} (k = {k})"
+            );
+        }
+    }
+
     #[test]
     fn trap_refuses_lru() {
         let s = stream(OsKind::Mach3, 1);

@@ -302,41 +302,94 @@ pub fn token_ring(servers: u16, pages: u64, rounds: u64, seed: u64) -> Vec<Event
     out
 }
 
-/// Events from a captured trace (`mmulab-trace`): the references of one process, with its
-/// system calls placed before the reference they preceded. Calls are classed by Linux
-/// x86-64 number: read, write, pread64, pwrite64, readv, writev → file; everything else →
-/// other (a trace does not say which descriptors lead to a display).
-pub fn from_trace(refs: &[PageRef], syscalls: &[(u64, mmulab_trace::SyscallEvent)]) -> Vec<Event> {
+/// First task number given to the second and later processes of a multi-process capture
+/// (`make` running `gcc`, `sh` running `dd`): each process is its own task, as each would
+/// be its own address space under any of the OS models.
+pub const FIRST_CHILD_TASK: TaskId = 32;
+
+/// Largest number of pages one file call is taken to move (its byte count, rounded up).
+pub const MAX_IO_PAGES: u32 = 256;
+
+/// How a Linux x86-64 system call is classed for the OS models: read, write, pread64,
+/// pwrite64, readv, writev, sendfile → file; everything else → other (a trace does not say
+/// which descriptors lead to a display). A file call moves the pages of its byte count
+/// (the third argument of read, write, pread64 and pwrite64; one page otherwise), at least
+/// one and at most [`MAX_IO_PAGES`].
+pub fn classify_syscall(e: &mmulab_trace::SyscallEvent) -> (SysClass, u32) {
+    match e.nr {
+        0 | 1 | 17 | 18 => {
+            let bytes = e.args.get(2).copied().unwrap_or(0);
+            let pages = bytes.div_ceil(4096).clamp(1, MAX_IO_PAGES as u64) as u32;
+            (SysClass::File, pages)
+        }
+        19 | 20 | 40 => (SysClass::File, 1),
+        _ => (SysClass::Other, 0),
+    }
+}
+
+/// Events from a captured trace (`mmulab-trace`): the references of one process, as task
+/// `task`, with its system calls placed before the reference they preceded. One event per
+/// call (its `Call` record; asynchronous completions and lone results are the same call
+/// seen again), classed by [`classify_syscall`]. The OS model then turns each call into
+/// the kernel's, the Unix server's (Mach 3.0: an IPC round trip) and the AFS task's
+/// references ([`crate::os`]).
+pub fn from_trace_task(
+    refs: &[PageRef],
+    syscalls: &[(u64, mmulab_trace::SyscallEvent)],
+    task: TaskId,
+) -> Vec<Event> {
     let mut out = Vec::with_capacity(refs.len() + syscalls.len());
     let mut next = syscalls.iter().peekable();
-    for (i, r) in refs.iter().enumerate() {
+    let mut place_calls = |upto: u64, out: &mut Vec<Event>| {
         while let Some((at, e)) = next.peek() {
-            if *at > i as u64 {
+            if *at > upto {
                 break;
             }
-            // One event per call: its `Call` line (completions and lone results are the
-            // same call seen again).
             if e.phase == mmulab_trace::SyscallPhase::Call {
-                let class = match e.nr {
-                    0 | 1 | 17 | 18 | 19 | 20 => SysClass::File,
-                    _ => SysClass::Other,
-                };
-                out.push(Event::Syscall { class, pages: 1 });
+                let (class, pages) = classify_syscall(e);
+                out.push(Event::Syscall { class, pages });
             }
             next.next();
         }
-        out.push(Event::Ref {
-            task: APP_TASK,
-            r: *r,
-        });
+    };
+    for (i, r) in refs.iter().enumerate() {
+        place_calls(i as u64, &mut out);
+        out.push(Event::Ref { task, r: *r });
     }
+    // Calls after the last reference (exit_group, ...).
+    place_calls(u64::MAX, &mut out);
     out
 }
 
-/// Loads a captured trace as events: a binary trace (`mmulab trace capture`) with its
-/// system calls, or a lackey log (references only). uhlig94 fixes 4 KB pages, so a binary
-/// trace must have a 4 KB base page; lackey logs are split at 4 KB.
-pub fn load_trace(path: &std::path::Path) -> Result<Vec<Event>, mmulab_trace::TraceError> {
+/// [`from_trace_task`] for the application task.
+pub fn from_trace(refs: &[PageRef], syscalls: &[(u64, mmulab_trace::SyscallEvent)]) -> Vec<Event> {
+    from_trace_task(refs, syscalls, APP_TASK)
+}
+
+/// A lackey sink keeping 4 KB page references and every system call with the number of
+/// references before it.
+#[derive(Default)]
+struct LackeyEvents {
+    refs: Vec<PageRef>,
+    syscalls: Vec<(u64, mmulab_trace::SyscallEvent)>,
+}
+
+impl mmulab_trace::LackeySink for LackeyEvents {
+    fn access(&mut self, kind: mmulab_trace::LineKind, addr: u64, size: u64) {
+        mmulab_trace::PageSplitter::split_into(&mut self.refs, 12, kind, addr, size);
+    }
+    fn syscall(&mut self, event: &mmulab_trace::SyscallEvent) {
+        self.syscalls.push((self.refs.len() as u64, event.clone()));
+    }
+}
+
+/// Loads a captured trace as events of task `task`: a binary trace (`mmulab trace
+/// capture`) or a lackey log, each with its system calls. uhlig94 fixes 4 KB pages, so a
+/// binary trace must have a 4 KB base page; lackey logs are split at 4 KB.
+pub fn load_trace_task(
+    path: &std::path::Path,
+    task: TaskId,
+) -> Result<Vec<Event>, mmulab_trace::TraceError> {
     use mmulab_trace::source::{TraceFormat, detect_format};
     match detect_format(path)? {
         TraceFormat::Binary => {
@@ -348,22 +401,40 @@ pub fn load_trace(path: &std::path::Path) -> Result<Vec<Event>, mmulab_trace::Tr
                     1u64 << t.header.page_shift
                 )));
             }
-            Ok(from_trace(&t.refs, &t.syscalls))
+            Ok(from_trace_task(&t.refs, &t.syscalls, task))
         }
         TraceFormat::Lackey => {
-            let (refs, _warnings) =
-                mmulab_trace::load_refs(path, 4096, &mmulab_trace::ReadOptions::default())?;
-            Ok(from_trace(&refs, &[]))
+            let mut sink = LackeyEvents::default();
+            mmulab_trace::lackey::decode_file(path, &mut sink, false)?;
+            Ok(from_trace_task(&sink.refs, &sink.syscalls, task))
         }
     }
 }
 
+/// [`load_trace_task`] for the application task.
+pub fn load_trace(path: &std::path::Path) -> Result<Vec<Event>, mmulab_trace::TraceError> {
+    load_trace_task(path, APP_TASK)
+}
+
+/// What [`capture_events`] traced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapturedEvents {
+    pub events: Vec<Event>,
+    /// Processes traced (the command's own first).
+    pub processes: usize,
+    pub refs: u64,
+    pub syscalls: u64,
+}
+
 /// Runs `cmd` under Valgrind lackey (`mmulab_trace::capture`) and returns the events of
-/// its first process. The trace is written to `trace_path` and left there.
+/// every process it ran: the command's own process as [`APP_TASK`], then each child (by
+/// pid) as its own task from [`FIRST_CHILD_TASK`], one after the other (separate logs
+/// carry no common clock, so processes are not interleaved). The traces are written to
+/// `trace_path` (and `trace_path.PID`) and left there.
 pub fn capture_events(
     trace_path: &std::path::Path,
     cmd: &[String],
-) -> Result<Vec<Event>, mmulab_trace::TraceError> {
+) -> Result<CapturedEvents, mmulab_trace::TraceError> {
     let summary = mmulab_trace::capture(trace_path, cmd)?;
     if summary.exit_code != Some(0) {
         return Err(mmulab_trace::TraceError::InvalidOptions(format!(
@@ -371,7 +442,25 @@ pub fn capture_events(
             summary.exit_code
         )));
     }
-    load_trace(trace_path)
+    let mut events = Vec::new();
+    for (i, p) in summary.processes.iter().enumerate() {
+        let task = if i == 0 {
+            APP_TASK
+        } else {
+            FIRST_CHILD_TASK + (i as TaskId - 1).min(crate::pagetable::MAX_TASK - FIRST_CHILD_TASK)
+        };
+        events.extend(load_trace_task(&p.trace, task)?);
+    }
+    let refs = events
+        .iter()
+        .filter(|e| matches!(e, Event::Ref { .. }))
+        .count() as u64;
+    Ok(CapturedEvents {
+        processes: summary.processes.len(),
+        syscalls: events.len() as u64 - refs,
+        refs,
+        events,
+    })
 }
 
 #[cfg(test)]
@@ -411,6 +500,91 @@ mod tests {
             })
             .collect();
         assert_eq!(shape, ["0x400", "File", "0x10000", "Other", "0x10001"]);
+    }
+
+    /// A lackey log as `mmulab trace capture` sees it: accesses, synchronous and
+    /// asynchronous calls, a Valgrind message.
+    fn lackey_log(with_calls: bool) -> String {
+        let mut s = String::from("==77== Lackey\n");
+        for round in 0..50u64 {
+            s += &format!("I  {:08x},4\n", 0x400000 + (round % 3) * 0x1000);
+            s += &format!(" L {:08x},8\n", 0x10000000 + (round % 5) * 0x1000);
+            if with_calls {
+                s += "SYSCALL[77,1](1) sys_write ( 1, 0x10000000, 10000 ) --> [async] ... \n";
+                s += "SYSCALL[77,1](1) ... [async] --> Success(0x2710) \n";
+                s += "SYSCALL[77,1](39) sys_getpid ( )[sync] --> Success(0x4d) \n";
+            }
+            s += &format!(" S {:08x},8\n", 0x7fff0000u64);
+        }
+        s
+    }
+
+    #[test]
+    fn lackey_syscalls_become_events_with_their_byte_counts() {
+        let path = std::env::temp_dir().join(format!("swtlb-lk-{}.log", std::process::id()));
+        std::fs::write(&path, lackey_log(true)).unwrap();
+        let ev = load_trace(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let calls: Vec<(SysClass, u32)> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::Syscall { class, pages } => Some((*class, *pages)),
+                _ => None,
+            })
+            .collect();
+        // One event per call (the async completion is not a second call); write's 10,000
+        // bytes are three pages.
+        assert_eq!(calls.len(), 100);
+        assert_eq!(calls[0], (SysClass::File, 3));
+        assert_eq!(calls[1], (SysClass::Other, 0));
+        // Each call sits after the load that preceded it.
+        let first = ev
+            .iter()
+            .position(|e| matches!(e, Event::Syscall { .. }))
+            .unwrap();
+        assert_eq!(first, 2);
+    }
+
+    #[test]
+    fn trace_syscalls_drive_the_os_models() {
+        use crate::os::{OsKind, OsModel, OsParams, UNIX_SERVER};
+        use crate::sim::{TlbSetup, simulate_direct};
+        use crate::{CostPreset, MissType};
+        let load = |with_calls| {
+            let path = std::env::temp_dir()
+                .join(format!("swtlb-os-{}-{with_calls}.log", std::process::id()));
+            std::fs::write(&path, lackey_log(with_calls)).unwrap();
+            let ev = load_trace(&path).unwrap();
+            std::fs::remove_file(&path).ok();
+            ev
+        };
+        let (with, without) = (load(true), load(false));
+        let server_refs = |os: OsKind, ev: &[Event]| {
+            OsModel::new(os, OsParams::preset(os), 1)
+                .expand(ev)
+                .iter()
+                .filter(|r| r.key.task() == UNIX_SERVER)
+                .count()
+        };
+        // Mach 3.0: every call is an IPC round trip to the Unix server task (§4.2.2).
+        assert!(server_refs(OsKind::Mach3, &with) >= 100 * 50);
+        assert_eq!(server_refs(OsKind::Mach3, &without), 0);
+        // A monolithic kernel has no server task.
+        assert_eq!(server_refs(OsKind::Osf1, &with), 0);
+        // The calls cost TLB time, more under Mach than under Ultrix.
+        let secs = |os: OsKind, ev: &[Event]| {
+            let s = OsModel::new(os, OsParams::preset(os), 1).expand(ev);
+            let c = CostPreset::decstation3100_1994(os.cost_column());
+            let o = &simulate_direct(&s, os, &[TlbSetup::default()], &c, 1).unwrap()[0];
+            (o.seconds(&c), o.count(MissType::L2))
+        };
+        let (m_with, m_l2) = secs(OsKind::Mach3, &with);
+        let (m_without, _) = secs(OsKind::Mach3, &without);
+        let (u_with, _) = secs(OsKind::Ultrix, &with);
+        assert!(m_with > 2.0 * m_without, "{m_with} vs {m_without}");
+        assert!(m_with > u_with, "{m_with} vs {u_with}");
+        // The Unix server's own L2 PTEs were needed.
+        assert!(m_l2 >= 8, "{m_l2}");
     }
 
     #[test]
