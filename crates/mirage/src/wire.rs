@@ -30,7 +30,8 @@ use std::io::{self, Read, Write};
 
 pub const MAGIC: [u8; 4] = *b"MIRG";
 /// Bumped on any change of the frame layout or of `Header`'s encoding.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: `Ping` (heartbeats) added.
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const PREFIX_BYTES: usize = 16;
 
 /// Upper bounds checked before allocating. Every default is written here.
@@ -103,6 +104,9 @@ pub enum Header {
     /// A message of the core; page bytes, if any, follow the header raw.
     Core(Msg),
     Dir(DirMsg),
+    /// A heartbeat: the sender is alive (a silent peer is declared dead
+    /// after the runtime's `peer_timeout`).
+    Ping,
 }
 
 /// A decoded, complete frame.
@@ -111,6 +115,7 @@ pub enum Frame {
     Hello(Hello),
     Core(Msg),
     Dir(DirMsg),
+    Ping,
 }
 
 /// Why a frame or a peer was rejected. [`WireError::reason`] is the short
@@ -184,6 +189,7 @@ fn kind(frame: &Header) -> &'static str {
         Header::Hello(_) => "hello",
         Header::Core(m) => m.kind(),
         Header::Dir(_) => "directory",
+        Header::Ping => "ping",
     }
 }
 
@@ -193,6 +199,7 @@ pub fn encode(frame: Frame) -> Vec<u8> {
     let (header, page) = match frame {
         Frame::Hello(h) => (Header::Hello(h), Vec::new()),
         Frame::Dir(d) => (Header::Dir(d), Vec::new()),
+        Frame::Ping => (Header::Ping, Vec::new()),
         Frame::Core(mut msg) => {
             let page = match &mut msg {
                 Msg::Page { bytes, .. } | Msg::CheckedIn { bytes, .. } => std::mem::take(bytes),
@@ -292,6 +299,7 @@ pub fn read_frame(r: &mut impl Read, limits: &Limits) -> Result<Frame, WireError
     match header {
         Header::Hello(h) if page.is_empty() => Ok(Frame::Hello(h)),
         Header::Dir(d) if page.is_empty() => Ok(Frame::Dir(d)),
+        Header::Ping if page.is_empty() => Ok(Frame::Ping),
         Header::Core(mut msg) => {
             match &mut msg {
                 Msg::Page { bytes, .. } | Msg::CheckedIn { bytes, .. } => {
@@ -370,6 +378,7 @@ impl Handshake {
             }
             Frame::Core(m) => Err(WireError::NotHello(m.kind())),
             Frame::Dir(_) => Err(WireError::NotHello("directory")),
+            Frame::Ping => Err(WireError::NotHello("ping")),
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use mmulab_mirage::core::SiteId;
 use mmulab_mirage::runtime::bench::two_sites;
+use mmulab_mirage::runtime::fault::{self, FaultPath};
 use mmulab_mirage::runtime::node::{NodeOptions, RuntimeMutation, replay};
 use mmulab_mirage::runtime::shm::{IPC_CREAT, IPC_EXCL, SHM_RDONLY};
 use mmulab_mirage::runtime::{ShmCtl, ShmError};
@@ -380,8 +381,9 @@ fn run_site_starts_from_a_config_file_and_stops() {
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::SeqCst);
     let lines = site.join().unwrap().unwrap();
+    let path = mmulab_mirage::runtime::fault::probe().path;
     assert!(
-        lines[0].starts_with("fault path: mprotect+SIGSEGV"),
+        lines[0].starts_with(&format!("fault path: {path} (")),
         "{lines:?}"
     );
     assert!(lines[1].contains(&port.to_string()), "{lines:?}");
@@ -567,33 +569,98 @@ fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
     assert!(line.contains("site b"), "{line}");
 }
 
-/// A limit, documented: the kernel does not raise SIGSEGV for a system
-/// call's access to user memory, so `read(fd, shm, n)` into a page not
-/// held for writing here fails with EFAULT (as under userfaultfd's
-/// user-mode-only mode). Touching the page first makes it work.
-#[test]
-fn a_syscall_into_a_page_not_held_gets_efault() {
+/// Runs `read(fd, shm, 8)` into a page not held here on the given fault
+/// path; returns what `read` returned the first time, and checks that
+/// touching the page first always works. `None`: the path is not offered.
+fn syscall_into_a_page_not_held(path: FaultPath) -> Option<isize> {
     use nix::libc;
-    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    if path != FaultPath::Mprotect && fault::open_path(path).is_none() {
+        eprintln!("skipped: {path:?} is not offered by this kernel");
+        return None;
+    }
+    let options = NodeOptions {
+        fault_path: path,
+        ..NodeOptions::default()
+    };
+    let (a, b) = two_sites(options).unwrap();
     let ida = a.shmget(515, page(), IPC_CREAT | 0o600).unwrap();
     let idb = b.shmget(515, page(), 0o600).unwrap();
     let pa = a.shmat(ida, None, 0).unwrap();
     let pb = b.shmat(idb, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    unsafe { std::ptr::write_volatile(pa, 1) }; // a holds the page
     let mut fds = [0i32; 2];
     // SAFETY: plain pipe(2) and read/write(2) on our own fds; the
-    // destination is a live attach mapping (not held here: no access).
-    unsafe {
+    // destination is a live attach mapping (not held at b).
+    let first = unsafe {
         assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
         assert_eq!(libc::write(fds[1], b"12345678".as_ptr().cast(), 8), 8);
         let n = libc::read(fds[0], pb.cast(), 8);
-        assert_eq!(n, -1);
-        assert_eq!(*libc::__errno_location(), libc::EFAULT);
-        std::ptr::write_volatile(pb, 0); // fault the write copy in
-        assert_eq!(libc::read(fds[0], pb.cast(), 8), 8);
+        if n == -1 {
+            assert_eq!(*libc::__errno_location(), libc::EFAULT);
+            std::ptr::write_volatile(pb, 0); // fault the write copy in
+            assert_eq!(libc::read(fds[0], pb.cast(), 8), 8);
+        }
         assert_eq!(std::ptr::read_volatile(pa.add(7)), b'8');
         libc::close(fds[0]);
         libc::close(fds[1]);
-    }
+        n
+    };
     a.shmdt(pa).unwrap();
     b.shmdt(pb).unwrap();
+    Some(first)
+}
+
+/// A limit, documented: the kernel raises no SIGSEGV for a system call's
+/// access to user memory, so on the mprotect path `read(fd, shm, n)` into
+/// a page not held for writing here fails with EFAULT. Touching the page
+/// first makes it work.
+#[test]
+fn a_syscall_into_a_page_not_held_gets_efault() {
+    assert_eq!(syscall_into_a_page_not_held(FaultPath::Mprotect), Some(-1));
+}
+
+/// The same limit under userfaultfd's user-mode-only mode (what an
+/// unprivileged process gets with `vm.unprivileged_userfaultfd = 0`):
+/// kernel-mode faults are not delivered, the syscall gets EFAULT.
+#[test]
+fn under_user_mode_only_a_syscall_into_a_missing_page_gets_efault() {
+    if let Some(n) = syscall_into_a_page_not_held(FaultPath::UffdUserModeOnly) {
+        assert_eq!(n, -1);
+    }
+}
+
+/// With a full userfaultfd (privileged), the kernel's own access is a
+/// fault the daemon serves: the limit is lifted.
+#[test]
+fn under_full_userfaultfd_a_syscall_into_a_missing_page_is_served() {
+    if let Some(n) = syscall_into_a_page_not_held(FaultPath::Uffd) {
+        assert_eq!(n, 8);
+    }
+}
+
+/// The coherence oracle (alternating versioned writes, ping-pong threads,
+/// concurrent readers and writers) on the mprotect path too, whichever
+/// path `Auto` picks on this machine.
+#[test]
+fn the_mprotect_fallback_keeps_coherence() {
+    let options = NodeOptions {
+        fault_path: FaultPath::Mprotect,
+        ..NodeOptions::default()
+    };
+    let (a, b) = two_sites(options).unwrap();
+    let ida = a.shmget(4245, page(), IPC_CREAT | 0o600).unwrap();
+    let idb = b.shmget(4245, page(), 0o600).unwrap();
+    let pa = a.shmat(ida, None, 0).unwrap() as *mut u64;
+    let pb = b.shmat(idb, None, 0).unwrap() as *mut u64;
+    for v in 1..=200u64 {
+        // SAFETY: live attach mappings.
+        unsafe {
+            let (w, r) = if v % 2 == 1 { (pa, pb) } else { (pb, pa) };
+            std::ptr::write_volatile(w.add(3), v);
+            assert_eq!(std::ptr::read_volatile(r.add(3)), v, "stale read");
+        }
+    }
+    a.shmdt(pa as *mut u8).unwrap();
+    b.shmdt(pb as *mut u8).unwrap();
 }

@@ -9,6 +9,7 @@
 //! [[site]]
 //! name = "b"
 //! addr = "127.0.0.1:7402"
+//! socket = "/run/dsm-b.sock"  # optional: the local socket for programs
 //! [[key]]
 //! key = 1234
 //! delta_ticks = 2         # default 0
@@ -42,6 +43,12 @@ fn default_tick_ns() -> u64 {
 pub struct SiteConfig {
     pub name: String,
     pub addr: SocketAddr,
+    /// The local socket programs on this site reach the daemon through
+    /// (`libmmulab_shm.so`, `mmulab dsm run`, `mmulab dsm status`).
+    /// Default: `$XDG_RUNTIME_DIR` or the temporary directory,
+    /// `mmulab-dsm-<cluster_id>-<name>.sock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,6 +85,7 @@ impl ClusterConfig {
                 .map(|(i, a)| SiteConfig {
                     name: ((b'a' + i as u8) as char).to_string(),
                     addr: *a,
+                    socket: None,
                 })
                 .collect(),
             keys: Vec::new(),
@@ -115,6 +123,14 @@ impl ClusterConfig {
         self.sites
             .get(site.0 as usize)
             .map_or("?", |s| s.name.as_str())
+    }
+
+    /// The local socket of a site (see [`SiteConfig::socket`]).
+    pub fn socket_path(&self, site: SiteId) -> std::path::PathBuf {
+        let s = &self.sites[site.0 as usize];
+        s.socket
+            .clone()
+            .unwrap_or_else(|| super::local::default_socket_path(self.cluster_id, &s.name))
     }
 
     /// Δ of a key, in ticks (default 0).

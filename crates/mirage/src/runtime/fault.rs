@@ -1,9 +1,11 @@
 //! Typed page faults for the real runtime.
 //!
-//! Path in use: **mprotect + SIGSEGV**. At start-up [`probe`] also tries
-//! `userfaultfd` (with and without `UFFD_USER_MODE_ONLY`) and reports what
-//! the kernel offers; the uffd path is not wired yet (issue #7 lists it
-//! first; this slice ships the fallback the issue requires anyway).
+//! Two paths. **userfaultfd** (`super::uffd`), missing + write-protect
+//! modes, when the kernel offers it ([`open_path`]; full, else
+//! `UFFD_USER_MODE_ONLY`), for the daemon's own mappings (the Rust API);
+//! and the fallback, **mprotect + SIGSEGV**, below, which programs under
+//! the shim always use (their service thread sets protections for the
+//! daemon). [`probe`] reports what the kernel offers and the path in use.
 //!
 //! The fault type is read from the signal context (fleisch89 §6.2 needs
 //! typed faults): on x86-64 bit 1 of the page-fault error code
@@ -177,10 +179,25 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             if v == WAKE_FAIL {
                 // The page cannot be served coherently (coherence before
                 // availability): SIGBUS at that address.
-                let msg = b"mmulab dsm: page lost, raising SIGBUS\n";
+                let mut line = [0u8; 160];
+                let head = b"mmulab dsm: ";
+                line[..head.len()].copy_from_slice(head);
+                let mut n = head.len();
+                for r in REASON.iter() {
+                    let c = r.load(Ordering::Acquire);
+                    if c == 0 {
+                        break;
+                    }
+                    line[n] = c;
+                    n += 1;
+                }
+                for &c in b"; SIGBUS\n" {
+                    line[n] = c;
+                    n += 1;
+                }
                 // SAFETY: async-signal-safe calls only.
                 unsafe {
-                    libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+                    libc::write(2, line.as_ptr() as *const libc::c_void, n);
                     libc::signal(libc::SIGBUS, libc::SIG_DFL);
                     libc::raise(libc::SIGBUS);
                 }
@@ -198,6 +215,22 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     }
 }
 
+/// Why the latest fault failed, for the handler's stderr line (one
+/// buffer per process: failures are rare and the line is best effort).
+static REASON: [std::sync::atomic::AtomicU8; 128] =
+    [const { std::sync::atomic::AtomicU8::new(0) }; 128];
+
+/// Records why the next `WAKE_FAIL` happens.
+pub fn set_reason(why: &str) {
+    let b = why.as_bytes();
+    for (i, r) in REASON.iter().enumerate() {
+        r.store(
+            if i < b.len() && i < 127 { b[i] } else { 0 },
+            Ordering::Release,
+        );
+    }
+}
+
 /// Releases a faulter sleeping in the handler.
 ///
 /// # Safety
@@ -210,6 +243,19 @@ pub unsafe fn release(word: u64, value: u32) {
     let _ = rustix::thread::futex::wake(w, rustix::thread::futex::Flags::PRIVATE, 1);
 }
 
+/// Which fault path a site uses. Every default is written here: `Auto`
+/// takes userfaultfd when the kernel offers it (full, else user-mode-only)
+/// and falls back to mprotect + SIGSEGV. `MMULAB_DSM_FAULT_PATH`
+/// (`mprotect`, `uffd`, `uffd-user`) overrides `Auto`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultPath {
+    #[default]
+    Auto,
+    Mprotect,
+    Uffd,
+    UffdUserModeOnly,
+}
+
 /// What the kernel offers, probed at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
@@ -218,6 +264,10 @@ pub struct Probe {
     /// The path this runtime uses.
     pub path: &'static str,
 }
+
+pub const PATH_MPROTECT: &str = "mprotect+SIGSEGV";
+pub const PATH_UFFD: &str = "userfaultfd (missing + write-protect)";
+pub const PATH_UFFD_USER: &str = "userfaultfd user-mode-only (missing + write-protect)";
 
 impl Probe {
     pub fn describe(&self) -> String {
@@ -234,27 +284,40 @@ impl Probe {
     }
 }
 
-pub fn probe() -> Probe {
-    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
-    let try_uffd = |flags: libc::c_long| {
-        // SAFETY: userfaultfd(2) with plain flags; the fd is closed at once.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_userfaultfd,
-                flags | libc::O_CLOEXEC as libc::c_long,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: an fd we own.
-            unsafe { libc::close(fd as i32) };
-            true
-        } else {
-            false
-        }
+/// Opens the userfaultfd the path wants, if any: `None` means mprotect.
+pub fn open_path(choice: FaultPath) -> Option<super::uffd::Uffd> {
+    use super::uffd::{Uffd, works};
+    let choice = match (choice, std::env::var("MMULAB_DSM_FAULT_PATH").as_deref()) {
+        (FaultPath::Auto, Ok("mprotect")) => FaultPath::Mprotect,
+        (FaultPath::Auto, Ok("uffd")) => FaultPath::Uffd,
+        (FaultPath::Auto, Ok("uffd-user")) => FaultPath::UffdUserModeOnly,
+        (c, _) => c,
+    };
+    let full = || Uffd::open(false).ok().filter(works);
+    let user = || Uffd::open(true).ok().filter(works);
+    match choice {
+        FaultPath::Mprotect => None,
+        FaultPath::Uffd => full(),
+        FaultPath::UffdUserModeOnly => user(),
+        FaultPath::Auto => full().or_else(user),
+    }
+}
+
+/// Probes the kernel and names the path `choice` leads to.
+pub fn probe_for(choice: FaultPath) -> Probe {
+    let path = match open_path(choice) {
+        None => PATH_MPROTECT,
+        Some(u) if u.user_mode_only => PATH_UFFD_USER,
+        Some(_) => PATH_UFFD,
     };
     Probe {
-        uffd: try_uffd(0),
-        uffd_user_mode_only: try_uffd(UFFD_USER_MODE_ONLY),
-        path: "mprotect+SIGSEGV",
+        uffd: super::uffd::Uffd::open(false).is_ok(),
+        uffd_user_mode_only: super::uffd::Uffd::open(true).is_ok(),
+        path,
     }
+}
+
+/// The probe for the default path.
+pub fn probe() -> Probe {
+    probe_for(FaultPath::Auto)
 }

@@ -5,22 +5,62 @@
 //! Programs see attach mappings whose per-page protection mirrors what the
 //! core says this site holds.
 
+use super::local::{Client, proto};
+use super::uffd::{self, Uffd};
 use crate::core::{Held, PageNo};
-use rustix::fd::OwnedFd;
+use rustix::fd::{AsFd, OwnedFd};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 use std::ffi::c_void;
 use std::io;
+use std::sync::Arc;
 
 pub struct SegmentMemory {
     fd: OwnedFd,
     pub page_bytes: usize,
     pub pages: usize,
     service: *mut u8,
-    /// Attach mappings (base address, read-only), all of length `len()`.
-    attaches: Vec<(usize, bool)>,
+    /// Attach mappings, all of length `len()`.
+    attaches: Vec<Mapping>,
     /// What every attach mapping currently allows, per page (so that a
     /// protection already in place costs no syscall and no shootdown).
     prot: Vec<std::cell::Cell<Held>>,
+    /// A clean stop is checking the pages in: no mapping gets a right back.
+    frozen: bool,
+    /// The userfaultfd path (None: mprotect) for this process's mappings.
+    uffd: Option<Arc<Uffd>>,
+}
+
+/// An attach mapping: in this process (the Rust API), or in a program's
+/// process (the shim), whose protections that program's service thread
+/// sets on the daemon's behalf.
+enum Mapping {
+    Local {
+        base: usize,
+        readonly: bool,
+    },
+    Remote {
+        client: Arc<Client>,
+        process: u32,
+        readonly: bool,
+    },
+}
+
+fn mprotect_flags(held: Held, readonly: bool) -> MprotectFlags {
+    match held {
+        Held::Nothing => MprotectFlags::empty(),
+        Held::Read => MprotectFlags::READ,
+        Held::Write if readonly => MprotectFlags::READ,
+        Held::Write => MprotectFlags::READ | MprotectFlags::WRITE,
+    }
+}
+
+fn prot_value(held: Held, readonly: bool) -> u64 {
+    match held {
+        Held::Nothing => proto::prot::NONE,
+        Held::Read => proto::prot::READ,
+        Held::Write if readonly => proto::prot::READ,
+        Held::Write => proto::prot::READ_WRITE,
+    }
 }
 
 // SAFETY: the raw pointers are mappings owned by this value; the daemon
@@ -28,7 +68,12 @@ pub struct SegmentMemory {
 unsafe impl Send for SegmentMemory {}
 
 impl SegmentMemory {
-    pub fn new(name: &str, pages: usize, page_bytes: usize) -> io::Result<SegmentMemory> {
+    pub fn new(
+        name: &str,
+        pages: usize,
+        page_bytes: usize,
+        uffd: Option<Arc<Uffd>>,
+    ) -> io::Result<SegmentMemory> {
         assert_eq!(
             page_bytes,
             super::page_size(),
@@ -55,6 +100,8 @@ impl SegmentMemory {
             service,
             attaches: Vec::new(),
             prot: vec![std::cell::Cell::new(Held::Nothing); pages],
+            frozen: false,
+            uffd,
         })
     }
 
@@ -76,9 +123,16 @@ impl SegmentMemory {
             ),
             None => (std::ptr::null_mut(), MapFlags::SHARED),
         };
+        // Under userfaultfd the mapping keeps its protection and the
+        // kernel asks the daemon (holes, write protection); otherwise it
+        // starts inaccessible.
+        let prot = match (&self.uffd, readonly) {
+            (None, _) => ProtFlags::empty(),
+            (Some(_), true) => ProtFlags::READ,
+            (Some(_), false) => ProtFlags::READ | ProtFlags::WRITE,
+        };
         // SAFETY: FIXED_NOREPLACE never clobbers an existing mapping.
-        let base =
-            unsafe { rustix::mm::mmap(hint, self.len(), ProtFlags::empty(), flags, &self.fd, 0)? };
+        let base = unsafe { rustix::mm::mmap(hint, self.len(), prot, flags, &self.fd, 0)? };
         if let Some(a) = addr
             && base as usize != a
         {
@@ -88,16 +142,32 @@ impl SegmentMemory {
                 rustix::io::Errno::EXIST.raw_os_error(),
             ));
         }
-        self.attaches.push((base as usize, readonly));
+        self.attaches.push(Mapping::Local {
+            base: base as usize,
+            readonly,
+        });
+        if let Some(u) = &self.uffd {
+            if let Err(e) = u.register(base as usize, self.len(), readonly) {
+                self.attaches.pop();
+                // SAFETY: the mapping just made.
+                let _ = unsafe { rustix::mm::munmap(base, self.len()) };
+                return Err(e);
+            }
+            // Absent pages are holes already; present ones held for
+            // reading are write-protected.
+            for p in 0..self.pages {
+                if self.prot[p].get() == Held::Read && !readonly {
+                    let addr = base as usize + p * self.page_bytes;
+                    u.write_protect(addr, self.page_bytes, true)?;
+                }
+            }
+            return Ok(base as usize);
+        }
         // The new mapping starts inaccessible: give it what the others have.
         for p in 0..self.pages {
             let held = self.prot[p].get();
             if held != Held::Nothing {
-                let flags = match held {
-                    Held::Read => MprotectFlags::READ,
-                    _ if readonly => MprotectFlags::READ,
-                    _ => MprotectFlags::READ | MprotectFlags::WRITE,
-                };
+                let flags = mprotect_flags(held, readonly);
                 let addr = base as usize + p * self.page_bytes;
                 // SAFETY: a page of the mapping just made.
                 unsafe { rustix::mm::mprotect(addr as *mut c_void, self.page_bytes, flags) }?;
@@ -106,11 +176,63 @@ impl SegmentMemory {
         Ok(base as usize)
     }
 
+    /// Takes every right away from every mapping, for good (a clean stop).
+    pub fn freeze(&mut self) {
+        for p in 0..self.pages {
+            self.protect(PageNo(p as u32), Held::Nothing);
+        }
+        self.frozen = true;
+    }
+
+    /// The segment's memfd (sent to a program with its attach).
+    pub fn memfd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Adds a program's mapping (the shim's). The caller sends the attach
+    /// answer with [`SegmentMemory::memfd`], then
+    /// [`SegmentMemory::send_protections`], on the program's socket.
+    pub fn attach_remote(&mut self, client: Arc<Client>, process: u32, readonly: bool) {
+        self.attaches.push(Mapping::Remote {
+            client,
+            process,
+            readonly,
+        });
+    }
+
+    /// Tells a new program mapping what every page allows now (runs of
+    /// equal protection; grants need no acknowledgement).
+    pub fn send_protections(&self, client: &Client, process: u32, readonly: bool) {
+        let mut p = 0;
+        while p < self.pages {
+            let held = self.prot[p].get();
+            let mut end = p + 1;
+            while end < self.pages && self.prot[end].get() == held {
+                end += 1;
+            }
+            if held != Held::Nothing {
+                client.protect(
+                    process,
+                    p as u64,
+                    (end - p) as u64,
+                    prot_value(held, readonly),
+                    false,
+                );
+            }
+            p = end;
+        }
+    }
+
+    pub fn detach_remote(&mut self, process: u32) {
+        self.attaches
+            .retain(|m| !matches!(m, Mapping::Remote { process: p, .. } if *p == process));
+    }
+
     pub fn detach(&mut self, base: usize) -> io::Result<()> {
         let i = self
             .attaches
             .iter()
-            .position(|&(b, _)| b == base)
+            .position(|m| matches!(m, Mapping::Local { base: b, .. } if *b == base))
             .ok_or_else(|| io::Error::from_raw_os_error(rustix::io::Errno::INVAL.raw_os_error()))?;
         self.attaches.swap_remove(i);
         // SAFETY: an attach mapping of this segment; the program gave it up.
@@ -124,24 +246,106 @@ impl SegmentMemory {
 
     /// Sets one page's protection in every attach mapping of this site:
     /// after this returns, no local mapping has more than `held` allows.
+    /// A program's mapping that loses a right acknowledges it first; one
+    /// that does not in time is killed (coherence before availability).
     pub fn protect(&self, page: PageNo, held: Held) {
+        let held = if self.frozen { Held::Nothing } else { held };
         let cached = &self.prot[page.0 as usize];
-        if cached.get() == held {
+        let before = cached.get();
+        if before == held {
             return;
         }
         cached.set(held);
-        for &(base, readonly) in &self.attaches {
-            let flags = match held {
-                Held::Nothing => MprotectFlags::empty(),
-                Held::Read => MprotectFlags::READ,
-                Held::Write if readonly => MprotectFlags::READ,
-                Held::Write => MprotectFlags::READ | MprotectFlags::WRITE,
-            };
-            let addr = base + page.0 as usize * self.page_bytes;
-            // SAFETY: a page inside one of our attach mappings.
-            unsafe { rustix::mm::mprotect(addr as *mut c_void, self.page_bytes, flags) }
-                .expect("mprotect of an attach mapping");
+        let reducing = held < before;
+        let mut acks = Vec::new();
+        for m in &self.attaches {
+            match m {
+                Mapping::Local { base, readonly } if self.uffd.is_some() => {
+                    // Nothing: the hole punched below takes the page from
+                    // every mapping at once.
+                    if held != Held::Nothing && !*readonly {
+                        let addr = base + page.0 as usize * self.page_bytes;
+                        let u = self.uffd.as_ref().expect("uffd path");
+                        u.write_protect(addr, self.page_bytes, held == Held::Read)
+                            .expect("write-protect an attach mapping");
+                    }
+                }
+                Mapping::Local { base, readonly } => {
+                    let addr = base + page.0 as usize * self.page_bytes;
+                    // SAFETY: a page inside one of our attach mappings.
+                    unsafe {
+                        rustix::mm::mprotect(
+                            addr as *mut c_void,
+                            self.page_bytes,
+                            mprotect_flags(held, *readonly),
+                        )
+                    }
+                    .expect("mprotect of an attach mapping");
+                }
+                Mapping::Remote {
+                    client,
+                    process,
+                    readonly,
+                } => {
+                    let seq = client.protect(
+                        *process,
+                        page.0 as u64,
+                        1,
+                        prot_value(held, *readonly),
+                        reducing,
+                    );
+                    if reducing {
+                        acks.push((client, seq));
+                    }
+                }
+            }
         }
+        // Sent to every program first, then awaited: the programs
+        // mprotect in parallel.
+        for (client, seq) in acks {
+            client.wait_ack(seq);
+        }
+        if held == Held::Nothing && self.uffd.is_some() {
+            // After every program acknowledged: the bytes go, so the next
+            // local access is a missing fault.
+            uffd::punch(
+                self.fd.as_fd(),
+                page.0 as usize * self.page_bytes,
+                self.page_bytes,
+            )
+            .expect("punch a page out of a segment");
+        }
+    }
+
+    /// Before an installed page's bytes are written (userfaultfd path):
+    /// write-protect it in every local mapping, so that no thread can
+    /// write it between the copy and the grant.
+    pub fn prepare_install(&self, page: PageNo) {
+        let Some(u) = &self.uffd else { return };
+        for m in &self.attaches {
+            if let Mapping::Local {
+                base,
+                readonly: false,
+            } = m
+            {
+                let addr = base + page.0 as usize * self.page_bytes;
+                let _ = u.write_protect(addr, self.page_bytes, true);
+            }
+        }
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// The local attach mapping containing `addr`: (base, page).
+    pub fn local_page_of(&self, addr: usize) -> Option<(usize, PageNo)> {
+        self.attaches.iter().find_map(|m| match m {
+            Mapping::Local { base, .. } if addr >= *base && addr < base + self.len() => {
+                Some((*base, PageNo(((addr - base) / self.page_bytes) as u32)))
+            }
+            _ => None,
+        })
     }
 
     /// The page's bytes through the service mapping.
@@ -167,8 +371,10 @@ impl Drop for SegmentMemory {
     fn drop(&mut self) {
         // SAFETY: mappings created by this value.
         unsafe {
-            for &(b, _) in &self.attaches {
-                let _ = rustix::mm::munmap(b as *mut c_void, self.len());
+            for m in &self.attaches {
+                if let Mapping::Local { base, .. } = m {
+                    let _ = rustix::mm::munmap(*base as *mut c_void, self.len());
+                }
             }
             let _ = rustix::mm::munmap(self.service as *mut c_void, self.len());
         }

@@ -4,7 +4,9 @@
 //! - [`config`] — the `cluster.toml` file.
 //! - [`node`] — the site daemon (core thread, listener, readers, fault thread).
 //! - [`mem`] — one memfd per segment, a service mapping and attach mappings.
-//! - [`fault`] — typed faults by mprotect + SIGSEGV; the userfaultfd probe.
+//! - [`fault`] — typed faults by mprotect + SIGSEGV; the path choice and probe.
+//! - [`uffd`] — typed faults by userfaultfd (missing + write-protect).
+//! - [`local`] — the local socket for programs using `libmmulab_shm.so`.
 //! - [`shm`] — the System V-style Rust API (`shmget`/`shmat`/`shmdt`/`shmctl`).
 //! - [`bench`](mod@bench) — remote-fault latency beside the loopback limit.
 //! - [`cli`] — clap-free entry points for `mmulab dsm site` and `mmulab dsm bench`.
@@ -15,9 +17,14 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod fault;
+pub mod local;
+/// The shim's local protocol, one file shared with `crates/mirage-shim`.
+#[path = "../../../mirage-shim/src/proto.rs"]
+pub mod local_proto;
 pub mod mem;
 pub mod node;
 pub mod shm;
+pub mod uffd;
 
 pub use config::ClusterConfig;
 pub use node::{Node, NodeOptions, TraceEntry};

@@ -33,6 +33,7 @@
 
 use super::config::ClusterConfig;
 use super::fault::{self, FaultRecord, RECORD_BYTES};
+use super::local::{Client, proto};
 use super::mem::SegmentMemory;
 use super::shm::ShmError;
 use crate::core::{
@@ -61,6 +62,23 @@ pub struct NodeOptions {
     /// Record every core event and action (for replay through the core).
     pub record_trace: bool,
     pub limits: Limits,
+    /// How often a site sends a heartbeat on each outgoing connection.
+    pub heartbeat: Duration,
+    /// A peer silent this long (no frame, no heartbeat), or whose
+    /// connection closed, is declared dead: logged by name, requests that
+    /// need it fail. Never a reason to regrant a page: coherence first.
+    pub peer_timeout: Duration,
+    /// A fault not served in this time fails (SIGBUS in a program, with
+    /// one stderr line naming segment, page and sites); the page is then
+    /// reported lost at this site until a copy arrives.
+    pub request_timeout: Duration,
+    /// How long a clean stop waits for this site's pages to be checked in.
+    pub checkin_timeout: Duration,
+    /// How long a program (the shim) may take to acknowledge that it
+    /// removed a right from its mapping before the daemon kills it.
+    pub program_ack_timeout: Duration,
+    /// userfaultfd or mprotect + SIGSEGV for this process's mappings.
+    pub fault_path: fault::FaultPath,
     /// A deliberately broken runtime, for negative controls only.
     pub mutation: RuntimeMutation,
 }
@@ -82,6 +100,12 @@ impl Default for NodeOptions {
             api_timeout: Duration::from_secs(20),
             record_trace: false,
             limits: Limits::default(),
+            program_ack_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(250),
+            peer_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            checkin_timeout: Duration::from_secs(5),
+            fault_path: fault::FaultPath::Auto,
             mutation: RuntimeMutation::None,
         }
     }
@@ -158,8 +182,7 @@ pub(crate) enum Api {
     },
     Attach {
         segment: SegmentId,
-        addr: Option<usize>,
-        readonly: bool,
+        target: AttachTarget,
         reply: Sender<Result<(usize, u32, Geometry), ShmError>>,
     },
     Detach {
@@ -174,6 +197,80 @@ pub(crate) enum Api {
     TakeTrace {
         reply: Sender<Vec<TraceEntry>>,
     },
+    /// `mmulab dsm status`: sites and segments, as text.
+    Status {
+        reply: Sender<String>,
+    },
+    /// A clean stop: every attach of this site detaches, so that the core
+    /// checks its pages back in. The replies come with each `Detached`.
+    CheckIn {
+        reply: Sender<Vec<Receiver<()>>>,
+    },
+}
+
+/// Where an attach maps the segment.
+#[derive(Clone)]
+pub(crate) enum AttachTarget {
+    /// In this process (the Rust API).
+    Local { addr: Option<usize>, readonly: bool },
+    /// In a program's process (the shim): the core sends `ATTACH_OK`
+    /// with the memfd, answering request `req`, and the program maps it.
+    Remote {
+        client: Arc<Client>,
+        readonly: bool,
+        req: u64,
+    },
+}
+
+impl AttachTarget {
+    fn readonly(&self) -> bool {
+        match self {
+            AttachTarget::Local { readonly, .. } | AttachTarget::Remote { readonly, .. } => {
+                *readonly
+            }
+        }
+    }
+}
+
+/// A faulter asleep until its page is served.
+enum Waiter {
+    /// In this process: the futex word on its stack.
+    Local(u64),
+    /// In a program: its wait slot, released through its socket.
+    Remote(Arc<Client>, u64),
+    /// In this process, asleep in the kernel on a userfaultfd page.
+    Uffd(Arc<super::uffd::Uffd>, usize),
+}
+
+impl Waiter {
+    fn release(self, value: u32, reason: &str) {
+        match self {
+            Waiter::Local(w) => {
+                if value == fault::WAKE_FAIL {
+                    fault::set_reason(reason);
+                }
+                // SAFETY: each word's faulter sleeps until released.
+                unsafe { fault::release(w, value) }
+            }
+            Waiter::Uffd(u, page_addr) => {
+                let ps = super::page_size();
+                if value != fault::WAKE_RETRY {
+                    // The retried access takes a genuine SIGBUS there.
+                    eprintln!("mmulab dsm: {reason}; SIGBUS");
+                    super::uffd::poison(page_addr, ps);
+                }
+                u.wake(page_addr, ps);
+            }
+            Waiter::Remote(c, slot) => {
+                let v = match value {
+                    fault::WAKE_RETRY => proto::wake::RETRY,
+                    fault::WAKE_SEGV => proto::wake::SEGV,
+                    _ => proto::wake::FAIL,
+                };
+                c.wake(slot, v, reason);
+            }
+        }
+    }
 }
 
 pub(crate) enum Input {
@@ -195,6 +292,13 @@ pub(crate) struct Shared {
     pub dropped: Mutex<Vec<String>>,
     pub inbound: Mutex<Vec<TcpStream>>,
     pub counters: Counters,
+    /// Liveness of each site (index = site id), updated by the readers
+    /// without the core's lock.
+    pub peers: Mutex<Vec<PeerState>>,
+    /// Set once a clean stop began checking pages in: faults fail.
+    pub checking_in: AtomicBool,
+    /// The userfaultfd path, when in use (None: mprotect + SIGSEGV).
+    pub uffd: Option<Arc<super::uffd::Uffd>>,
     /// The core and everything it drives. Readers and the fault thread
     /// take it and handle their input on their own thread (no hand-off);
     /// the core thread serves the API and the timers. `None` once stopped.
@@ -214,6 +318,25 @@ impl Shared {
         }
     }
 
+    /// A frame from `site` arrived (with its incarnation on a hello).
+    fn heard(&self, site: SiteId, incarnation: Option<u64>) {
+        let mut peers = self.peers.lock().expect("peers");
+        if let Some(p) = peers.get_mut(site.0 as usize) {
+            p.last_heard = Some(Instant::now());
+            if let Some(i) = incarnation {
+                if p.dead.is_some() {
+                    eprintln!(
+                        "mmulab dsm site {}: site {} is back (incarnation {i})",
+                        self.config.name(self.me),
+                        self.config.name(site)
+                    );
+                }
+                p.incarnation = Some(i);
+                p.dead = None;
+            }
+        }
+    }
+
     fn log_drop(&self, line: String) {
         eprintln!("mmulab dsm site {}: {line}", self.config.name(self.me));
         self.dropped.lock().expect("dropped").push(line);
@@ -230,11 +353,22 @@ impl Shared {
     }
 }
 
+/// What a site knows of a peer's liveness.
+#[derive(Clone, Debug, Default)]
+pub struct PeerState {
+    /// The last frame (or heartbeat) from it.
+    pub last_heard: Option<Instant>,
+    /// Its incarnation, from its latest hello.
+    pub incarnation: Option<u64>,
+    /// Why it was declared dead (None while alive).
+    pub dead: Option<String>,
+}
+
 /// A running site daemon.
 pub struct Node {
     pub(crate) shared: Arc<Shared>,
     addr: SocketAddr,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     fault_pipe_w: Arc<OwnedFd>,
 }
 
@@ -265,6 +399,7 @@ impl Node {
             .map_or(0, |d| d.as_nanos() as u64);
         let (tx, rx) = mpsc::channel();
         let sites = config.sites.len() as u16;
+        let fault_path = options.fault_path;
         let shared = Arc::new(Shared {
             handshake: Mutex::new(Handshake::new(config.cluster_id, sites)),
             config,
@@ -276,6 +411,9 @@ impl Node {
             dropped: Mutex::new(Vec::new()),
             inbound: Mutex::new(Vec::new()),
             counters: Counters::default(),
+            peers: Mutex::new(vec![PeerState::default(); sites as usize]),
+            checking_in: AtomicBool::new(false),
+            uffd: fault::open_path(fault_path).map(Arc::new),
             core: Mutex::new(None),
         });
         let mut fds = [0i32; 2];
@@ -302,6 +440,14 @@ impl Node {
                 .name(format!("dsm-fault-{}", me.0))
                 .spawn(move || fault_reader(s, pipe_r))?,
         );
+        if let Some(u) = shared.uffd.clone() {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dsm-uffd-{}", me.0))
+                    .spawn(move || uffd_reader(s, u))?,
+            );
+        }
         let s = shared.clone();
         threads.push(
             std::thread::Builder::new()
@@ -311,7 +457,7 @@ impl Node {
         Ok(Node {
             shared,
             addr,
-            threads,
+            threads: Mutex::new(threads),
             fault_pipe_w: pipe_w,
         })
     }
@@ -337,6 +483,36 @@ impl Node {
         &self.shared.counters
     }
 
+    pub fn options(&self) -> &NodeOptions {
+        &self.shared.options
+    }
+
+    /// A page fault in a program on this site (the shim's `FAULT`).
+    pub(crate) fn remote_fault(&self, client: &Arc<Client>, m: &proto::LocalMsg) {
+        self.shared.counters.faults.fetch_add(1, Ordering::Relaxed);
+        let access = match m.c {
+            proto::ACCESS_READ => fault::ACCESS_READ,
+            proto::ACCESS_WRITE => fault::ACCESS_WRITE,
+            _ => fault::ACCESS_UNKNOWN,
+        };
+        let (process, page, slot) = (m.a as u32, m.b as u32, m.d);
+        let c = client.clone();
+        let mut served = false;
+        self.shared.with_core(|core| {
+            served = true;
+            core.fault_from(process, page, access, Waiter::Remote(c, slot));
+        });
+        if !served {
+            client.wake(slot, proto::wake::FAIL, "the site daemon is stopping");
+        }
+    }
+
+    /// Sites and segments, as `mmulab dsm status` prints them.
+    pub fn status_text(&self) -> String {
+        self.call(|reply| Api::Status { reply })
+            .unwrap_or_else(|| "no answer from the core in time\n".into())
+    }
+
     pub(crate) fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Api) -> Option<T> {
         let (tx, rx) = mpsc::channel();
         self.shared.send(Input::Api(make(tx)));
@@ -350,11 +526,27 @@ impl Node {
     }
 
     /// Stops the daemon: closes its connections and joins its threads.
-    pub fn stop(mut self) {
+    pub fn stop(self) {
         self.shutdown();
     }
 
-    fn shutdown(&mut self) {
+    /// [`Node::stop`] through a shared reference (the daemon's API is
+    /// shared with the local socket's threads).
+    pub fn shutdown(&self) {
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        // A clean stop checks this site's pages back in (bounded): only a
+        // crash loses pages.
+        if !self.shared.checking_in.swap(true, Ordering::SeqCst) {
+            let deadline = Instant::now() + self.shared.options.checkin_timeout;
+            if let Some(waits) = self.call(|reply| Api::CheckIn { reply }) {
+                for w in waits {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let _ = w.recv_timeout(left);
+                }
+            }
+        }
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -379,7 +571,8 @@ impl Node {
         for s in self.shared.inbound.lock().expect("inbound").drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *self.threads.lock().expect("threads"));
+        for t in threads {
             let _ = t.join();
         }
     }
@@ -429,6 +622,7 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                 Ok(Frame::Hello(h)) => shared.handshake.lock().expect("hs").accept(&h).map(|_| h),
                 Ok(Frame::Core(m)) => Err(WireError::NotHello(m.kind())),
                 Ok(Frame::Dir(_)) => Err(WireError::NotHello("directory")),
+                Ok(Frame::Ping) => Err(WireError::NotHello("ping")),
                 Err(e) => Err(e),
             }
         };
@@ -446,28 +640,40 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
         return;
     }
     let name = format!("site {} ({})", hello.name, peer_addr);
+    let site = hello.site;
+    shared.heard(site, Some(hello.incarnation));
     let mut reader = std::io::BufReader::with_capacity(64 * 1024, &stream);
-    loop {
+    let why = loop {
         match wire::read_frame(&mut reader, &limits) {
             Ok(Frame::Hello(_)) => {
                 let e = WireError::HelloAgain;
                 shared.log_drop(format!("{name}: dropped: {}: {e}", e.reason()));
-                return;
+                break e.reason().to_string();
             }
+            Ok(Frame::Ping) => shared.heard(site, None),
             Ok(frame) => {
+                shared.heard(site, None);
                 shared
                     .counters
                     .frames_received
                     .fetch_add(1, Ordering::Relaxed);
                 shared.with_core(|c| c.net(hello.site, frame));
             }
-            Err(WireError::Closed) => return,
+            Err(WireError::Closed) => break "connection closed".to_string(),
             Err(_) if shared.stopping.load(Ordering::SeqCst) => return,
             Err(e) => {
                 shared.log_drop(format!("{name}: dropped: {}: {e}", e.reason()));
-                return;
+                break format!("{}: {e}", e.reason());
             }
         }
+    };
+    // A closed or broken connection is not yet a dead peer (it may be
+    // cut and redialled): silence past `peer_timeout` is.
+    if !shared.stopping.load(Ordering::SeqCst) {
+        eprintln!(
+            "mmulab dsm site {}: {name}: connection ended: {why}",
+            shared.config.name(shared.me)
+        );
     }
 }
 
@@ -481,12 +687,38 @@ fn core_thread(shared: Arc<Shared>, rx: Receiver<Input>) {
             Ok(Input::Nudge) | Err(RecvTimeoutError::Timeout) => {}
         }
         let mut next = Duration::from_millis(500);
-        shared.with_core(|c| next = c.fire_timers());
-        wait = next;
+        shared.with_core(|c| {
+            next = c.fire_timers();
+            c.liveness();
+        });
+        wait = next.min(shared.options.heartbeat);
     }
     let core = shared.core.lock().expect("core").take();
     if let Some(mut c) = core {
         c.finish();
+    }
+}
+
+/// The userfaultfd path's fault thread: events to the core, as records.
+fn uffd_reader(shared: Arc<Shared>, uffd: Arc<super::uffd::Uffd>) {
+    let ps = super::page_size();
+    while !shared.stopping.load(Ordering::SeqCst) {
+        let (addr, write) = match uffd.next_fault(200) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(_) => break,
+        };
+        shared.counters.faults.fetch_add(1, Ordering::Relaxed);
+        let page_addr = addr & !(ps - 1);
+        let mut served = false;
+        shared.with_core(|c| {
+            served = true;
+            c.fault_uffd(page_addr, write, uffd.clone());
+        });
+        if !served {
+            super::uffd::poison(page_addr, ps);
+            uffd.wake(page_addr, ps);
+        }
     }
 }
 
@@ -505,15 +737,21 @@ fn fault_reader(shared: Arc<Shared>, pipe: OwnedFd) {
 
 struct AttachInfo {
     segment: SegmentId,
-    base: usize,
-    slot: usize,
+    /// (base, fault-table slot) of a mapping in this process.
+    local: Option<(usize, usize)>,
+    /// The program holding the mapping, for one made by the shim.
+    client: Option<Arc<Client>>,
     readonly: bool,
+}
+
+/// A segment's name in logs: library site and serial.
+pub(crate) fn seg_name(s: SegmentId) -> String {
+    format!("{}.{}", s.library.0, s.serial)
 }
 
 type PendingAttach = (
     SegmentId,
-    Option<usize>,
-    bool,
+    AttachTarget,
     Sender<Result<(usize, u32, Geometry), ShmError>>,
 );
 
@@ -532,7 +770,30 @@ struct CoreLoop {
     out: Vec<Option<Outbound>>,
     segs: BTreeMap<SegmentId, SegmentMemory>,
     attaches: BTreeMap<u32, AttachInfo>,
-    waiters: BTreeMap<(u32, u32), Vec<u64>>,
+    /// Sleeping faulters by (attach, page), each with when it faulted.
+    waiters: BTreeMap<(u32, u32), Vec<(Instant, Waiter)>>,
+    /// Pages this site cannot obtain (their holder or library is dead, or
+    /// a request timed out), with the reason. Cleared when a copy arrives.
+    lost: BTreeMap<(SegmentId, PageNo), String>,
+    /// Segments whose library died: nothing about them is ever sent to a
+    /// restarted site under the same name, and they cannot be attached.
+    dead_segments: std::collections::BTreeSet<SegmentId>,
+    /// (site, segment): the site died while the segment existed; whatever
+    /// it (restarted) says about the segment is ignored, and nothing
+    /// about it is sent to it.
+    fenced: std::collections::BTreeSet<(SiteId, SegmentId)>,
+    /// Segments created here (the library's), for fencing.
+    created: std::collections::BTreeSet<SegmentId>,
+    last_ping: Instant,
+    /// (process, page) faults failed by the runtime that the core still
+    /// counts asleep (until their page comes).
+    orphans: std::collections::BTreeSet<(u32, u32)>,
+    /// Detaches kept until the process's faults are served, by process.
+    deferred_detach: BTreeMap<u32, SegmentId>,
+    /// When each dead peer was last redialled.
+    redialled: Vec<Option<Instant>>,
+    /// Whether each peer was ever reached (later dials are quick).
+    dialled_once: Vec<bool>,
     pending_create: BTreeMap<u32, Sender<SegmentId>>,
     pending_attach: BTreeMap<u32, PendingAttach>,
     pending_detach: BTreeMap<u32, Sender<()>>,
@@ -563,6 +824,15 @@ impl CoreLoop {
             segs: BTreeMap::new(),
             attaches: BTreeMap::new(),
             waiters: BTreeMap::new(),
+            lost: BTreeMap::new(),
+            dead_segments: std::collections::BTreeSet::new(),
+            fenced: std::collections::BTreeSet::new(),
+            created: std::collections::BTreeSet::new(),
+            last_ping: Instant::now(),
+            orphans: std::collections::BTreeSet::new(),
+            deferred_detach: BTreeMap::new(),
+            redialled: vec![None; n],
+            dialled_once: vec![false; n],
             pending_create: BTreeMap::new(),
             pending_attach: BTreeMap::new(),
             pending_detach: BTreeMap::new(),
@@ -578,6 +848,243 @@ impl CoreLoop {
 
     fn now(&self) -> Nanos {
         Nanos(self.start.elapsed().as_nanos() as u64)
+    }
+
+    /// Whether the core counts a process of this site asleep on a fault.
+    fn core_waiting(&self, process: u32) -> bool {
+        let r = (process, 0)..=(process, u32::MAX);
+        self.waiters.range(r.clone()).next().is_some() || self.orphans.range(r).next().is_some()
+    }
+
+    /// Hands the core a detach, or keeps it until the process's faults
+    /// are served (the core detaches no process asleep on a fault; ours
+    /// may have been failed by a timeout, the core's wait goes on).
+    fn detach_core(&mut self, segment: SegmentId, process: u32) {
+        if self.core_waiting(process) {
+            self.deferred_detach.insert(process, segment);
+        } else {
+            self.feed(Event::Detach {
+                segment,
+                process: ProcessId(process),
+            });
+        }
+    }
+
+    /// Heartbeats out, silent peers declared dead, overdue faults failed.
+    fn liveness(&mut self) {
+        let opts = self.shared.options.clone();
+        if self.last_ping.elapsed() >= opts.heartbeat {
+            self.last_ping = Instant::now();
+            let ping = wire::encode(Frame::Ping);
+            for i in 0..self.out.len() {
+                match &self.out[i] {
+                    Some(o) if !o.is_broken() => o.send(ping.clone()),
+                    // A cut connection is redialled (once) for the
+                    // heartbeat, so that a live peer stays heard.
+                    Some(_) => self.send_frame(SiteId(i as u16), Frame::Ping),
+                    None => {}
+                }
+            }
+        }
+        let silent: Vec<(SiteId, Duration)> = {
+            let peers = self.shared.peers.lock().expect("peers");
+            peers
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.dead.is_none())
+                .filter_map(|(i, p)| {
+                    let t = p.last_heard?.elapsed();
+                    (t > opts.peer_timeout).then_some((SiteId(i as u16), t))
+                })
+                .collect()
+        };
+        for (site, t) in silent {
+            self.peer_dead(site, &format!("silent for {:.1} s", t.as_secs_f64()));
+        }
+        let overdue: Vec<(u32, u32)> = self
+            .waiters
+            .iter()
+            .filter(|(_, ws)| {
+                ws.iter()
+                    .any(|(since, _)| since.elapsed() > opts.request_timeout)
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        for (process, page) in overdue {
+            let Some(segment) = self.attaches.get(&process).map(|a| a.segment) else {
+                continue;
+            };
+            let why = format!(
+                "segment {} page {page}: no answer within {:.1} s (library site {}{})",
+                seg_name(segment),
+                opts.request_timeout.as_secs_f64(),
+                self.shared.config.name(segment.library),
+                self.dead_list()
+            );
+            self.lose(segment, PageNo(page), why);
+        }
+    }
+
+    /// "; dead: b, c" or "".
+    fn dead_list(&self) -> String {
+        let peers = self.shared.peers.lock().expect("peers");
+        let dead: Vec<&str> = peers
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.dead.is_some())
+            .map(|(i, _)| self.shared.config.name(SiteId(i as u16)))
+            .collect();
+        if dead.is_empty() {
+            String::new()
+        } else {
+            format!("; dead: {}", dead.join(", "))
+        }
+    }
+
+    /// Marks a page lost here and fails everyone waiting for it.
+    fn lose(&mut self, segment: SegmentId, page: PageNo, why: String) {
+        eprintln!(
+            "mmulab dsm site {}: lost: {why}",
+            self.shared.config.name(self.shared.me)
+        );
+        let keys: Vec<(u32, u32)> = self
+            .waiters
+            .keys()
+            .filter(|(p, pg)| {
+                *pg == page.0 && self.attaches.get(p).is_some_and(|a| a.segment == segment)
+            })
+            .copied()
+            .collect();
+        for k in keys {
+            for (_, w) in self.waiters.remove(&k).unwrap_or_default() {
+                w.release(fault::WAKE_FAIL, &why);
+            }
+            self.orphans.insert(k);
+        }
+        self.lost.insert((segment, page), why);
+    }
+
+    /// A peer vanished: logged by name; the segments it was the library
+    /// of are dead, and their pages not held here are lost.
+    fn peer_dead(&mut self, site: SiteId, reason: &str) {
+        if site == self.shared.me || self.shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        {
+            let mut peers = self.shared.peers.lock().expect("peers");
+            let p = &mut peers[site.0 as usize];
+            if p.dead.is_some() {
+                return;
+            }
+            p.dead = Some(reason.to_string());
+        }
+        let name = self.shared.config.name(site).to_string();
+        self.shared
+            .log_drop(format!("site {name}: vanished: {reason}"));
+        if let Some(o) = self.out[site.0 as usize].take() {
+            o.close();
+        }
+        let known: Vec<SegmentId> = self
+            .created
+            .iter()
+            .chain(self.segs.keys())
+            .chain(self.attaches.values().map(|a| &a.segment))
+            .copied()
+            .collect();
+        for segment in known {
+            self.fenced.insert((site, segment));
+        }
+        let orphaned: Vec<SegmentId> = self
+            .segs
+            .keys()
+            .chain(self.attaches.values().map(|a| &a.segment))
+            .filter(|s| s.library == site)
+            .copied()
+            .collect();
+        for segment in orphaned {
+            if !self.dead_segments.insert(segment) {
+                continue;
+            }
+            let pages = self.segs.get(&segment).map_or(0, |m| m.pages as u32);
+            for p in 0..pages {
+                let held = self
+                    .site
+                    .page_view(segment, PageNo(p))
+                    .map_or(Held::Nothing, |v| v.held);
+                if held != Held::Write {
+                    // A read copy stays readable; anything more needs
+                    // the library.
+                    let why = format!(
+                        "segment {} page {p}: its library site {name} is gone ({reason})",
+                        seg_name(segment)
+                    );
+                    self.lose(segment, PageNo(p), why);
+                }
+            }
+        }
+    }
+
+    /// A clean stop: every mapping loses access (programs acknowledge),
+    /// sleeping faulters fail, every attach detaches so that the core
+    /// checks this site's pages back in. Returns one receiver per detach
+    /// whose library is alive.
+    fn check_in(&mut self) -> Vec<Receiver<()>> {
+        // Every write-held page's bytes go into the core first (after
+        // every mapping lost the right to write), then every mapping
+        // loses every right for good.
+        let segs: Vec<SegmentId> = self.segs.keys().copied().collect();
+        for segment in segs {
+            let pages = self.segs[&segment].pages as u32;
+            for p in 0..pages {
+                let page = PageNo(p);
+                let write_held = self
+                    .site
+                    .page_view(segment, page)
+                    .is_some_and(|v| v.held == Held::Write);
+                if write_held {
+                    let mem = &self.segs[&segment];
+                    mem.protect(page, Held::Read);
+                    let bytes = mem.page(page).to_vec();
+                    self.site.write(segment, page, 0, &bytes);
+                    if let Some(t) = &mut self.trace {
+                        t.push(TraceEntry::Sync {
+                            segment,
+                            page,
+                            bytes,
+                        });
+                    }
+                }
+            }
+            if let Some(mem) = self.segs.get_mut(&segment) {
+                mem.freeze();
+            }
+        }
+        // Faulters already asleep stay so: their requests are in flight
+        // and the core detaches a process only once it is awake; served,
+        // they retry on a frozen mapping and fail.
+        let processes: Vec<u32> = self.attaches.keys().copied().collect();
+        let mut waits = Vec::new();
+        for process in processes {
+            let Some(a) = self.attaches.remove(&process) else {
+                continue;
+            };
+            if let Some(mem) = self.segs.get_mut(&a.segment) {
+                match a.local {
+                    Some((base, slot)) => {
+                        fault::unregister(slot);
+                        let _ = mem.detach(base);
+                    }
+                    None => mem.detach_remote(process),
+                }
+            }
+            let (tx, rx) = mpsc::channel();
+            self.pending_detach.insert(process, tx);
+            if !self.dead_segments.contains(&a.segment) {
+                waits.push(rx);
+            }
+            self.detach_core(a.segment, process);
+        }
+        waits
     }
 
     /// Fires due timers; returns how long until the next one.
@@ -598,23 +1105,77 @@ impl CoreLoop {
     /// At stop: release anyone still asleep in the handler (they retry
     /// and, with the mapping gone, crash as on any unmapped address).
     fn finish(&mut self) {
-        for (_, words) in std::mem::take(&mut self.waiters) {
-            for w in words {
-                // SAFETY: each word's faulter sleeps until released.
-                unsafe { fault::release(w, fault::WAKE_FAIL) };
+        let me = self.shared.config.name(self.shared.me).to_string();
+        for ((process, page), words) in std::mem::take(&mut self.waiters) {
+            let segment = self
+                .attaches
+                .get(&process)
+                .map_or("?".to_string(), |a| seg_name(a.segment));
+            let why = format!("segment {segment} page {page}: site {me} stopped");
+            for (_, w) in words {
+                w.release(fault::WAKE_FAIL, &why);
             }
         }
         for (_, a) in std::mem::take(&mut self.attaches) {
-            fault::unregister(a.slot);
+            if let Some((_, slot)) = a.local {
+                fault::unregister(slot);
+            }
         }
         for q in self.out.iter().flatten() {
             q.close();
         }
     }
 
+    /// Why a peer's message cannot be handed to the core (it names a
+    /// segment or page the core does not know in the role the message
+    /// needs, or one fenced off when its sender died): the core trusts
+    /// its peers, the runtime must not.
+    fn unexpected(&self, from: SiteId, msg: &Msg) -> Option<&'static str> {
+        if let Some(seg) = msg_segment(msg)
+            && self.fenced.contains(&(from, seg))
+        {
+            return Some("a segment from before the sender's restart");
+        }
+        let lib_page = |segment: &SegmentId, page: &PageNo| {
+            self.site
+                .library_pages(*segment)
+                .is_some_and(|n| page.0 < n)
+        };
+        let known = match msg {
+            Msg::Request { segment, page, .. }
+            | Msg::Refused { segment, page, .. }
+            | Msg::Done { segment, page, .. }
+            | Msg::CheckedIn { segment, page, .. } => lib_page(segment, page),
+            Msg::Detach { segment } => self.site.library_pages(*segment).is_some(),
+            Msg::Recall { segment, page, .. }
+            | Msg::Invalidate { segment, page, .. }
+            | Msg::InvalidateAck { segment, page, .. }
+            | Msg::Page { segment, page, .. }
+            | Msg::Upgrade { segment, page, .. }
+            | Msg::ForgetReader { segment, page, .. } => {
+                self.site.page_view(*segment, *page).is_some()
+            }
+            Msg::AttachOk { segment, .. } => {
+                self.pending_attach.values().any(|p| p.0 == *segment)
+                    || self.site.is_attached(*segment)
+            }
+            Msg::Attach { .. } | Msg::DetachOk { .. } | Msg::Destroyed { .. } => true,
+        };
+        (!known).then_some("names a segment or page unknown here")
+    }
+
     fn net(&mut self, from: SiteId, frame: Frame) {
         match frame {
             Frame::Core(msg) => {
+                if let Some(why) = self.unexpected(from, &msg) {
+                    eprintln!(
+                        "mmulab dsm site {}: ignored a {} from site {}: {why}",
+                        self.shared.config.name(self.shared.me),
+                        msg.kind(),
+                        self.shared.config.name(from)
+                    );
+                    return;
+                }
                 let (is_request, is_page) = (
                     matches!(msg, Msg::Request { .. }),
                     matches!(msg, Msg::Page { .. }),
@@ -634,7 +1195,7 @@ impl CoreLoop {
                 }
             }
             Frame::Dir(d) => self.directory(from, d),
-            Frame::Hello(_) => {}
+            Frame::Hello(_) | Frame::Ping => {}
         }
     }
 
@@ -718,13 +1279,16 @@ impl CoreLoop {
             }
             Api::Attach {
                 segment,
-                addr,
-                readonly,
+                target,
                 reply,
             } => {
+                if self.dead_segments.contains(&segment) {
+                    let _ = reply.send(Err(ShmError::Removed));
+                    return;
+                }
                 let process = self.new_process();
                 self.pending_attach
-                    .insert(process, (segment, addr, readonly, reply));
+                    .insert(process, (segment, target, reply));
                 self.feed(Event::Attach {
                     segment,
                     process: ProcessId(process),
@@ -735,16 +1299,33 @@ impl CoreLoop {
                     let _ = reply.send(());
                     return;
                 };
-                // The mapping goes first: after shmdt nothing may fault on it.
-                fault::unregister(a.slot);
+                // The mapping goes first: after shmdt nothing may fault on it
+                // (a program unmapped its own before asking).
                 if let Some(mem) = self.segs.get_mut(&a.segment) {
-                    let _ = mem.detach(a.base);
+                    match a.local {
+                        Some((base, slot)) => {
+                            fault::unregister(slot);
+                            let _ = mem.detach(base);
+                        }
+                        None => mem.detach_remote(process),
+                    }
+                }
+                // Faulters of a detached mapping retry and find no slot
+                // (the core still counts them asleep until their page
+                // comes: the detach waits for that).
+                let stale: Vec<(u32, u32)> = self
+                    .waiters
+                    .range((process, 0)..=(process, u32::MAX))
+                    .map(|(&k, _)| k)
+                    .collect();
+                for k in stale {
+                    for (_, w) in self.waiters.remove(&k).unwrap_or_default() {
+                        w.release(fault::WAKE_RETRY, "");
+                    }
+                    self.orphans.insert(k);
                 }
                 self.pending_detach.insert(process, reply);
-                self.feed(Event::Detach {
-                    segment: a.segment,
-                    process: ProcessId(process),
-                });
+                self.detach_core(a.segment, process);
             }
             Api::SetWindow {
                 segment,
@@ -768,7 +1349,99 @@ impl CoreLoop {
                 let t = self.trace.as_mut().map(std::mem::take).unwrap_or_default();
                 let _ = reply.send(t);
             }
+            Api::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Api::CheckIn { reply } => {
+                let _ = reply.send(self.check_in());
+            }
         }
+    }
+
+    /// The core's view of this site, as text (`mmulab dsm status`).
+    fn status(&self) -> String {
+        use std::fmt::Write as _;
+        let cfg = &self.shared.config;
+        let me = self.shared.me;
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "site {} (id {}), cluster {}, incarnation {}",
+            cfg.name(me),
+            me.0,
+            cfg.cluster_id,
+            self.shared.incarnation
+        );
+        let _ = writeln!(t, "sites:");
+        let peers = self.shared.peers.lock().expect("peers").clone();
+        for (i, sc) in cfg.sites.iter().enumerate() {
+            let p = &peers[i];
+            let state = if i == me.0 as usize {
+                "this site".to_string()
+            } else if let Some(why) = &p.dead {
+                format!("DEAD: {why}")
+            } else {
+                let out = match &self.out[i] {
+                    Some(o) if !o.is_broken() => "connected",
+                    Some(_) => "connection broken",
+                    None => "not dialled",
+                };
+                match p.last_heard {
+                    Some(t) => format!(
+                        "alive ({out}; heard {} ms ago, incarnation {})",
+                        t.elapsed().as_millis(),
+                        p.incarnation.unwrap_or(0)
+                    ),
+                    None => format!("not heard from yet ({out})"),
+                }
+            };
+            let _ = writeln!(t, "  {:<8} {:<22} {state}", sc.name, sc.addr.to_string());
+        }
+        let _ = writeln!(t, "segments mapped here:");
+        if self.segs.is_empty() {
+            let _ = writeln!(t, "  none");
+        }
+        for (seg, mem) in &self.segs {
+            let mut held = [0usize; 3];
+            for p in 0..mem.pages as u32 {
+                let h = self
+                    .site
+                    .page_view(*seg, PageNo(p))
+                    .map_or(Held::Nothing, |v| v.held);
+                held[h as usize] += 1;
+            }
+            let mut programs: Vec<String> = self
+                .attaches
+                .values()
+                .filter(|a| a.segment == *seg)
+                .map(|a| match &a.client {
+                    Some(c) => format!("pid {}", c.pid),
+                    None => "daemon".to_string(),
+                })
+                .collect();
+            programs.sort();
+            programs.dedup();
+            let _ = writeln!(
+                t,
+                "  segment {} (library {}): {} pages; held here: {} write, {} read, {} none; attaches {} ({})",
+                seg_name(*seg),
+                cfg.name(seg.library),
+                mem.pages,
+                held[2],
+                held[1],
+                held[0],
+                self.attaches.values().filter(|a| a.segment == *seg).count(),
+                programs.join(", ")
+            );
+        }
+        let _ = writeln!(t, "lost pages:");
+        if self.lost.is_empty() {
+            let _ = writeln!(t, "  none");
+        }
+        for why in self.lost.values() {
+            let _ = writeln!(t, "  {why}");
+        }
+        t
     }
 
     fn new_process(&mut self) -> u32 {
@@ -785,22 +1458,61 @@ impl CoreLoop {
         st.request_sent.store(stamp(), Ordering::Relaxed);
     }
 
+    /// A userfaultfd event on one of this process's mappings.
+    fn fault_uffd(&mut self, page_addr: usize, write: bool, uffd: Arc<super::uffd::Uffd>) {
+        let found = self.attaches.iter().find_map(|(&id, a)| {
+            let (base, _) = a.local?;
+            let mem = self.segs.get(&a.segment)?;
+            let (b, page) = mem.local_page_of(page_addr)?;
+            (b == base).then_some((id, page))
+        });
+        let waiter = Waiter::Uffd(uffd.clone(), page_addr);
+        let Some((id, page)) = found else {
+            // Not (or no longer) ours: let it retry.
+            uffd.wake(page_addr, super::page_size());
+            return;
+        };
+        let access = if write {
+            fault::ACCESS_WRITE
+        } else {
+            fault::ACCESS_READ
+        };
+        let st = &self.shared.counters.stamps;
+        st.fault_delivered.store(stamp(), Ordering::Relaxed);
+        self.fault_from(id, page.0, access, waiter);
+        let st = &self.shared.counters.stamps;
+        st.request_sent.store(stamp(), Ordering::Relaxed);
+    }
+
     fn fault_inner(&mut self, rec: FaultRecord) {
-        let Some(a) = self.attaches.get(&rec.id) else {
+        self.fault_from(rec.id, rec.page, rec.access, Waiter::Local(rec.word));
+    }
+
+    /// A fault of attach `id` on `page`; `waiter` sleeps until served.
+    fn fault_from(&mut self, id: u32, page: u32, access: u32, waiter: Waiter) {
+        if self.shared.checking_in.load(Ordering::SeqCst) {
+            let why = format!(
+                "page {page}: site {} is stopping",
+                self.shared.config.name(self.shared.me)
+            );
+            waiter.release(fault::WAKE_FAIL, &why);
+            return;
+        }
+        let Some(a) = self.attaches.get(&id) else {
             // The mapping was detached meanwhile: the retry finds no slot
             // and crashes as on any unmapped address.
-            // SAFETY: the faulter sleeps until released.
-            unsafe { fault::release(rec.word, fault::WAKE_RETRY) };
+            waiter.release(fault::WAKE_RETRY, "");
             return;
         };
         let segment = a.segment;
         let readonly = a.readonly;
-        let page = PageNo(rec.page);
+        let rec_page = page;
+        let page = PageNo(page);
         let held = self
             .site
             .page_view(segment, page)
             .map_or(Held::Nothing, |v| v.held);
-        let access = match rec.access {
+        let access = match access {
             fault::ACCESS_READ => Access::Read,
             fault::ACCESS_WRITE => Access::Write,
             // Read-then-upgrade: a fault on a readable page is a write.
@@ -808,18 +1520,24 @@ impl CoreLoop {
             _ => Access::Read,
         };
         if access == Access::Write && readonly {
-            // SAFETY: the faulter sleeps until released.
-            unsafe { fault::release(rec.word, fault::WAKE_SEGV) };
+            waiter.release(fault::WAKE_SEGV, "");
+            return;
+        }
+        if (held == Held::Nothing || access == Access::Write)
+            && let Some(why) = self.lost.get(&(segment, page)).cloned()
+        {
+            // Coherence before availability: fail, never guess.
+            waiter.release(fault::WAKE_FAIL, &why);
             return;
         }
         self.waiters
-            .entry((rec.id, rec.page))
+            .entry((id, rec_page))
             .or_default()
-            .push(rec.word);
+            .push((Instant::now(), waiter));
         self.feed(Event::Fault {
             segment,
             page,
-            process: ProcessId(rec.id),
+            process: ProcessId(id),
             access,
         });
     }
@@ -863,7 +1581,9 @@ impl CoreLoop {
             let Some(mem) = self.segs.get(&segment) else {
                 continue;
             };
-            if !write_held {
+            // A frozen segment's bytes were copied into the core when the
+            // clean stop began (its memory may be holes now).
+            if !write_held || mem.is_frozen() {
                 continue;
             }
             // Every local mapping loses the right to write, then the bytes
@@ -912,8 +1632,11 @@ impl CoreLoop {
                         .get_mut(&segment)
                         .expect("installed page of a mapped segment");
                     if let Some(b) = bytes {
+                        mem.prepare_install(page);
                         mem.write_page(page, &b);
                     }
+                    // A late answer: the page is here after all.
+                    self.lost.remove(&(segment, page));
                     touched.push((segment, page));
                 }
                 Action::Wake { process, page, .. } => wakes.push((process.0, page.0)),
@@ -931,12 +1654,24 @@ impl CoreLoop {
                 mem.protect(page, held);
             }
         }
+        let mut ready = Vec::new();
         for key in wakes {
             if let Some(words) = self.waiters.remove(&key) {
-                for w in words {
-                    // SAFETY: each word's faulter sleeps until released.
-                    unsafe { fault::release(w, fault::WAKE_RETRY) };
+                for (_, w) in words {
+                    w.release(fault::WAKE_RETRY, "");
                 }
+            }
+            self.orphans.remove(&key);
+            if self.deferred_detach.contains_key(&key.0) && !self.core_waiting(key.0) {
+                ready.push(key.0);
+            }
+        }
+        for process in ready {
+            if let Some(segment) = self.deferred_detach.remove(&process) {
+                self.feed(Event::Detach {
+                    segment,
+                    process: ProcessId(process),
+                });
             }
         }
     }
@@ -964,6 +1699,7 @@ impl CoreLoop {
             }
             Action::Log(_) => {}
             Action::Created { segment, process } => {
+                self.created.insert(segment);
                 if let Some(r) = self.pending_create.remove(&process.0) {
                     let _ = r.send(segment);
                 }
@@ -989,7 +1725,7 @@ impl CoreLoop {
                     .collect();
                 for k in gone {
                     if let Some(p) = self.pending_attach.remove(&k) {
-                        let _ = p.3.send(Err(ShmError::Removed));
+                        let _ = p.2.send(Err(ShmError::Removed));
                     }
                 }
                 if self
@@ -1004,9 +1740,10 @@ impl CoreLoop {
     }
 
     fn attached(&mut self, segment: SegmentId, process: u32, geometry: Geometry) {
-        let Some((_, addr, readonly, reply)) = self.pending_attach.remove(&process) else {
+        let Some((_, target, reply)) = self.pending_attach.remove(&process) else {
             return;
         };
+        let readonly = target.readonly();
         let result = (|| -> Result<(usize, u32, Geometry), ShmError> {
             if let std::collections::btree_map::Entry::Vacant(slot) = self.segs.entry(segment) {
                 let name = format!("mmulab-dsm-{}-{}", segment.library.0, segment.serial);
@@ -1014,11 +1751,41 @@ impl CoreLoop {
                     &name,
                     geometry.pages as usize,
                     geometry.page_bytes as usize,
+                    self.shared.uffd.clone(),
                 )
                 .map_err(|e| ShmError::Os(format!("memfd: {e}")))?;
                 slot.insert(mem);
             }
             let mem = self.segs.get_mut(&segment).expect("just made");
+            let addr = match &target {
+                AttachTarget::Local { addr, .. } => *addr,
+                AttachTarget::Remote { client, req, .. } => {
+                    // The answer and the memfd first, then the present
+                    // protections: the program's service thread maps the
+                    // segment before it reads them.
+                    let mut m = proto::LocalMsg::new(proto::kind::ATTACH_OK);
+                    m.id = *req;
+                    m.a = process as u64;
+                    m.b = mem.len() as u64;
+                    m.c = readonly as u64;
+                    if !client.send_fd(&m, mem.memfd()) {
+                        return Err(ShmError::Os("the program's socket is closed".into()));
+                    }
+                    mem.attach_remote(client.clone(), process, readonly);
+                    mem.send_protections(client, process, readonly);
+                    client.processes.lock().expect("processes").insert(process);
+                    self.attaches.insert(
+                        process,
+                        AttachInfo {
+                            segment,
+                            local: None,
+                            client: Some(client.clone()),
+                            readonly,
+                        },
+                    );
+                    return Ok((0, process, geometry));
+                }
+            };
             let base = mem.attach(addr, readonly).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EEXIST) {
                     ShmError::Invalid
@@ -1029,13 +1796,15 @@ impl CoreLoop {
             let len = mem.len();
             // `attach` gave the new mapping the protections of the others,
             // which follow the core's view of every page.
+            // The SIGSEGV table serves the mprotect path (on the
+            // userfaultfd path the kernel never raises SIGSEGV there).
             let slot = fault::register(base, len, process, self.fault_pipe_w.as_raw_fd());
             self.attaches.insert(
                 process,
                 AttachInfo {
                     segment,
-                    base,
-                    slot,
+                    local: Some((base, slot)),
+                    client: None,
                     readonly,
                 },
             );
@@ -1054,12 +1823,41 @@ impl CoreLoop {
 
     fn send_frame(&mut self, to: SiteId, frame: Frame) {
         let i = to.0 as usize;
+        if self.shared.peers.lock().expect("peers")[i].dead.is_some() {
+            // A dead peer gets one quick dial a second at most (it may
+            // have restarted under its name); otherwise the message is
+            // dropped and what it would have answered times out at the
+            // requester. No long dialling under the core's lock.
+            let due = self.redialled[i].is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+            if !due {
+                return;
+            }
+            self.redialled[i] = Some(Instant::now());
+            match self.dial(to, false) {
+                Some(s) => {
+                    if let Some(o) = self.out[i].take() {
+                        o.close();
+                    }
+                    self.out[i] = Some(Outbound::new(s, self.shared.clone(), to));
+                }
+                None => return,
+            }
+        }
+        if let Frame::Core(m) = &frame
+            && msg_segment(m)
+                .is_some_and(|s| self.dead_segments.contains(&s) || self.fenced.contains(&(to, s)))
+        {
+            // A restarted site never hears of its former life's segments.
+            return;
+        }
         if self.out[i].as_ref().is_none_or(|o| o.is_broken()) {
+            // Patient only for the first connection (a peer not up yet).
+            let patient = !self.dialled_once[i];
             if let Some(o) = self.out[i].take() {
                 o.close();
             }
             self.out[i] = self
-                .dial(to)
+                .dial(to, patient)
                 .map(|s| Outbound::new(s, self.shared.clone(), to));
         }
         let Some(out) = self.out[i].as_ref() else {
@@ -1076,10 +1874,16 @@ impl CoreLoop {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Dials a peer (bounded retries) and exchanges hellos.
-    fn dial(&mut self, to: SiteId) -> Option<TcpStream> {
+    /// Dials a peer and exchanges hellos: with retries for `dial_for`
+    /// when `patient` (a peer not up yet), else once.
+    fn dial(&mut self, to: SiteId, patient: bool) -> Option<TcpStream> {
         let addr = self.shared.config.sites[to.0 as usize].addr;
-        let deadline = Instant::now() + self.shared.options.dial_for;
+        let deadline = Instant::now()
+            + if patient {
+                self.shared.options.dial_for
+            } else {
+                Duration::ZERO
+            };
         loop {
             if self.shared.stopping.load(Ordering::SeqCst) {
                 return None;
@@ -1101,6 +1905,8 @@ impl CoreLoop {
                     return match answer {
                         Ok(h) if h.site == to => {
                             let _ = s.set_read_timeout(None);
+                            self.dialled_once[to.0 as usize] = true;
+                            self.shared.heard(to, Some(h.incarnation));
                             Some(s)
                         }
                         Ok(h) => {

@@ -10,9 +10,11 @@
 //! a segment created by the losing side of two simultaneous `IPC_CREAT`s
 //! of one key is left unattached (the key names the winner's).
 
-use super::node::{Api, Node};
+use super::local::Client;
+use super::node::{Api, AttachTarget, Node};
 use crate::core::{Geometry, SegmentId};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 
 pub const IPC_PRIVATE: i32 = 0;
@@ -94,8 +96,9 @@ pub struct Dsm {
 struct Ids {
     next: i32,
     by_id: BTreeMap<i32, Entry>,
-    /// Attach address → (shmid, core process of the attach).
-    attached: BTreeMap<usize, (i32, u32)>,
+    /// Core process of an attach → (shmid, address in this process; 0
+    /// for a program's attach through the shim).
+    attached: BTreeMap<u32, (i32, usize)>,
 }
 
 impl Dsm {
@@ -115,6 +118,11 @@ impl Dsm {
 
     pub fn stop(self) {
         self.node.stop();
+    }
+
+    /// Stops the daemon through a shared reference.
+    pub fn shutdown(&self) {
+        self.node.shutdown();
     }
 
     fn remember(&self, key: i32, segment: SegmentId, size: usize, mode: u32) -> i32 {
@@ -202,15 +210,79 @@ impl Dsm {
     /// `shmat(shmid, addr, shmflg)`: the returned address is a live
     /// mapping whose pages fault into the protocol.
     pub fn shmat(&self, shmid: i32, addr: Option<usize>, shmflg: i32) -> Result<*mut u8, ShmError> {
+        let readonly = shmflg & SHM_RDONLY != 0;
+        let (base, _) = self.attach(shmid, readonly, AttachTarget::Local { addr, readonly })?;
+        Ok(base as *mut u8)
+    }
+
+    /// `shmat` for a program on this site (the shim): the core sends the
+    /// program the memfd itself; returns the attach's process number.
+    pub(crate) fn shmat_remote(
+        &self,
+        shmid: i32,
+        shmflg: i32,
+        client: Arc<Client>,
+        req: u64,
+    ) -> Result<u32, ShmError> {
+        let readonly = shmflg & SHM_RDONLY != 0;
+        let target = AttachTarget::Remote {
+            client,
+            readonly,
+            req,
+        };
+        Ok(self.attach(shmid, readonly, target)?.1)
+    }
+
+    /// `fork` in a program: the child's copy of attach `process`, with
+    /// no permission or removal check (System V: a child inherits its
+    /// parent's attaches).
+    pub(crate) fn clone_remote(
+        &self,
+        process: u32,
+        readonly: bool,
+        client: Arc<Client>,
+        req: u64,
+    ) -> Result<u32, ShmError> {
+        let shmid = self
+            .ids
+            .lock()
+            .expect("ids")
+            .attached
+            .get(&process)
+            .map(|&(id, _)| id)
+            .ok_or(ShmError::Invalid)?;
+        let target = AttachTarget::Remote {
+            client,
+            readonly,
+            req,
+        };
+        Ok(self.attach_checked(shmid, readonly, target, false)?.1)
+    }
+
+    fn attach(
+        &self,
+        shmid: i32,
+        readonly: bool,
+        target: AttachTarget,
+    ) -> Result<(usize, u32), ShmError> {
+        self.attach_checked(shmid, readonly, target, true)
+    }
+
+    fn attach_checked(
+        &self,
+        shmid: i32,
+        readonly: bool,
+        target: AttachTarget,
+        check: bool,
+    ) -> Result<(usize, u32), ShmError> {
         let entry = {
             let ids = self.ids.lock().expect("ids");
             ids.by_id.get(&shmid).cloned().ok_or(ShmError::Invalid)?
         };
-        if entry.removed {
+        if check && entry.removed {
             return Err(ShmError::Removed);
         }
-        let readonly = shmflg & SHM_RDONLY != 0;
-        if entry.mode & 0o400 == 0 || (!readonly && entry.mode & 0o200 == 0) {
+        if check && (entry.mode & 0o400 == 0 || (!readonly && entry.mode & 0o200 == 0)) {
             return Err(ShmError::Access);
         }
         let segment = entry.segment;
@@ -218,8 +290,7 @@ impl Dsm {
             .node
             .call(|reply| Api::Attach {
                 segment,
-                addr,
-                readonly,
+                target,
                 reply,
             })
             .ok_or(ShmError::TimedOut)??;
@@ -227,18 +298,30 @@ impl Dsm {
             .lock()
             .expect("ids")
             .attached
-            .insert(base, (shmid, process));
-        Ok(base as *mut u8)
+            .insert(process, (shmid, base));
+        Ok((base, process))
     }
 
     /// `shmdt(addr)`.
     pub fn shmdt(&self, addr: *mut u8) -> Result<(), ShmError> {
-        let (_, process) = self
-            .ids
+        let process = {
+            let ids = self.ids.lock().expect("ids");
+            ids.attached
+                .iter()
+                .find(|(_, (_, base))| *base != 0 && *base == addr as usize)
+                .map(|(&p, _)| p)
+                .ok_or(ShmError::Invalid)?
+        };
+        self.shmdt_process(process)
+    }
+
+    /// Detaches the attach with this core process number.
+    pub(crate) fn shmdt_process(&self, process: u32) -> Result<(), ShmError> {
+        self.ids
             .lock()
             .expect("ids")
             .attached
-            .remove(&(addr as usize))
+            .remove(&process)
             .ok_or(ShmError::Invalid)?;
         self.node
             .call(|reply| Api::Detach { process, reply })
@@ -278,6 +361,30 @@ impl Dsm {
                 Ok(None)
             }
         }
+    }
+
+    /// `mmulab dsm status`: the core's view, then this site's shmids.
+    pub fn status_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = self.node.status_text();
+        let ids = self.ids.lock().expect("ids");
+        let _ = writeln!(t, "shmids on this site:");
+        if ids.by_id.is_empty() {
+            let _ = writeln!(t, "  none");
+        }
+        for (id, e) in &ids.by_id {
+            let nattch = ids.attached.values().filter(|(i, _)| i == id).count();
+            let _ = writeln!(
+                t,
+                "  shmid {id}: key {}{}, segment {}, {} bytes, mode {:o}, nattch {nattch}",
+                e.key,
+                if e.removed { " (removed)" } else { "" },
+                super::node::seg_name(e.segment),
+                e.size,
+                e.mode
+            );
+        }
+        t
     }
 
     /// Sets Δ (in ticks) for every page of a segment created on this site

@@ -1,0 +1,918 @@
+//! `libmmulab_shm.so`: the Mirage DSM for C programs (issue #7, "API and
+//! shim").
+//!
+//! - The C API of `mmulab_dsm.h`: `mmulab_shmget`, `mmulab_shmat`,
+//!   `mmulab_shmdt`, `mmulab_shmctl` (System V semantics) and
+//!   `mmulab_set_delta` (Δ per segment, in ticks, fleisch89 §8).
+//! - Under `LD_PRELOAD` it also defines `shmget`, `shmat`, `shmdt` and
+//!   `shmctl`, so an unmodified program shares memory through the site
+//!   daemon named by `MMULAB_DSM_SOCKET` (`mmulab dsm run` sets both). With
+//!   that variable unset, the four calls go to the C library as usual.
+//!
+//! How a program and its site daemon share a segment: the daemon owns one
+//! memfd per segment (the site's one copy, shared by every local process)
+//! and sends it with the attach; the program maps it with no access and
+//! the daemon sets each page's protection through this library's service
+//! thread (`PROTECT`), which acknowledges a reduction only after its
+//! `mprotect` returned: a page leaves the site only after every local
+//! mapping has lost the right. A fault (SIGSEGV on a DSM address, typed
+//! from the x86-64 error code) sends one record to the daemon and sleeps
+//! on a futex until the daemon's `WAKE`.
+//!
+//! Limits: a statically linked program never loads this library and uses
+//! the kernel's own System V segments (`mmulab dsm run` warns); a program
+//! that installs its own SIGSEGV handler after attaching takes the faults
+//! away from the DSM. A child of `fork` is re-armed before `fork`
+//! returns (`pthread_atfork`, below); a raw `clone` or `vfork` is not.
+
+pub mod proto;
+
+use nix::libc;
+use proto::{LocalMsg, MAX_MESSAGE_BYTES, MSG_BYTES, WaitSlot, kind, wake};
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
+    SocketType,
+};
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+use std::sync::{Condvar, Mutex, Once};
+use std::time::{Duration, Instant};
+
+/// How long an API call waits for the daemon.
+const API_TIMEOUT: Duration = Duration::from_secs(60);
+
+const IPC_RMID: i32 = 0;
+const IPC_SET: i32 = 1;
+const IPC_STAT: i32 = 2;
+const SHM_RDONLY: i32 = 0o10000;
+
+fn page_size() -> usize {
+    // SAFETY: no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 { n as usize } else { 4096 }
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: the thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+// ---------------------------------------------------------------------------
+// The connection to the site daemon.
+
+struct Client {
+    sock: OwnedFd,
+    next_id: AtomicU64,
+    pending: Mutex<BTreeMap<u64, Pending>>,
+    cv: Condvar,
+    /// Attach mappings by the daemon's process number: (base, len).
+    maps: Mutex<BTreeMap<u32, Mapping>>,
+}
+
+#[derive(Clone, Copy)]
+struct Mapping {
+    base: usize,
+    len: usize,
+    slot: usize,
+    readonly: bool,
+}
+
+enum Pending {
+    /// An attach asks for this address (0: anywhere).
+    Waiting {
+        addr: usize,
+    },
+    Done {
+        reply: LocalMsg,
+        base: usize,
+    },
+}
+
+/// Set when the daemon's connection is gone: sleeping faulters fail.
+static DEAD: AtomicBool = AtomicBool::new(false);
+/// The socket, for the signal handler.
+static SOCK_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The connection in use (a fork's child gets its own).
+static CURRENT: AtomicPtr<Client> = AtomicPtr::new(std::ptr::null_mut());
+static CONNECTING: Mutex<()> = Mutex::new(());
+
+fn client() -> Option<&'static Client> {
+    let p = CURRENT.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: clients are leaked, never freed.
+        return Some(unsafe { &*p });
+    }
+    let path = std::env::var_os(proto::SOCKET_ENV)?;
+    let _g = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
+    let p = CURRENT.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as above.
+        return Some(unsafe { &*p });
+    }
+    match open_socket(&path) {
+        Ok(sock) => Some(adopt(sock, BTreeMap::new())),
+        Err(e) => {
+            eprintln!(
+                "mmulab dsm: cannot reach the site daemon at {}: {e}",
+                std::path::Path::new(&path).display()
+            );
+            None
+        }
+    }
+}
+
+fn open_socket(path: &std::ffi::OsStr) -> std::io::Result<OwnedFd> {
+    let sock = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::connect(&sock, &SocketAddrUnix::new(path)?)?;
+    Ok(sock)
+}
+
+/// Makes `sock` the connection in use, with its service thread.
+fn adopt(sock: OwnedFd, maps: BTreeMap<u32, Mapping>) -> &'static Client {
+    SOCK_FD.store(sock.as_raw_fd(), Ordering::Release);
+    DEAD.store(false, Ordering::Release);
+    let c: &'static Client = Box::leak(Box::new(Client {
+        sock,
+        next_id: AtomicU64::new(1),
+        pending: Mutex::new(BTreeMap::new()),
+        cv: Condvar::new(),
+        maps: Mutex::new(maps),
+    }));
+    CURRENT.store(c as *const Client as *mut Client, Ordering::Release);
+    ATFORK.call_once(|| {
+        // SAFETY: registers plain extern "C" handlers.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+    let _ = std::thread::Builder::new()
+        .name("mmulab-dsm-service".into())
+        .spawn(move || service(c));
+    c
+}
+
+// ---------------------------------------------------------------------------
+// fork: the child's mappings are under the daemon's control before fork
+// returns. In the parent, before the fork, a second connection asks the
+// daemon to attach a copy of every mapping for the child (with the
+// protections in force); the child adopts that connection. A protection
+// change the daemon makes meanwhile is carried out on the parent's mapping
+// (the child inherits it) or, after the fork, by the child's own service
+// thread before it acknowledges.
+
+static ATFORK: Once = Once::new();
+
+struct ForkPrep {
+    sock: OwnedFd,
+    /// The child's attaches: new process number → the inherited mapping.
+    maps: BTreeMap<u32, Mapping>,
+}
+
+static PREP: Mutex<Option<ForkPrep>> = Mutex::new(None);
+
+extern "C" fn fork_prepare() {
+    // A negative control for the tests only: a child left unarmed.
+    if std::env::var_os("MMULAB_DSM_NO_FORK_REARM").is_some() {
+        return;
+    }
+    let p = CURRENT.load(Ordering::Acquire);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: clients are leaked, never freed.
+    let c = unsafe { &*p };
+    let maps: Vec<(u32, Mapping)> = c
+        .maps
+        .lock()
+        .expect("maps")
+        .iter()
+        .map(|(&k, &m)| (k, m))
+        .collect();
+    if maps.is_empty() {
+        return;
+    }
+    let Some(path) = std::env::var_os(proto::SOCKET_ENV) else {
+        return;
+    };
+    let prep = clone_for_child(&path, &maps);
+    match prep {
+        Ok(prep) => *PREP.lock().unwrap_or_else(|e| e.into_inner()) = Some(prep),
+        Err(e) => eprintln!("mmulab dsm: fork: the child's mappings are not re-armed: {e}"),
+    }
+}
+
+fn clone_for_child(path: &std::ffi::OsStr, maps: &[(u32, Mapping)]) -> std::io::Result<ForkPrep> {
+    let sock = open_socket(path)?;
+    rustix::net::sockopt::set_socket_timeout(
+        &sock,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(10)),
+    )?;
+    for (i, (process, m)) in maps.iter().enumerate() {
+        let mut r = LocalMsg::new(kind::CLONE);
+        r.id = i as u64 + 1;
+        r.a = *process as u64;
+        r.b = if m.readonly { SHM_RDONLY as u64 } else { 0 };
+        rustix::net::send(&sock, r.as_bytes(), SendFlags::NOSIGNAL)?;
+    }
+    let mut child: BTreeMap<u32, Mapping> = BTreeMap::new();
+    let mut answered = 0;
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    while answered < maps.len() {
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            &sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )?;
+        // The memfd is closed at once: the child has the mapping already.
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                fds.for_each(drop);
+            }
+        }
+        let Some(m) = LocalMsg::from_bytes(&buf[..got.bytes]) else {
+            return Err(std::io::Error::other("the daemon hung up"));
+        };
+        match m.kind {
+            kind::ATTACH_OK => {
+                let (_, parent_map) = maps[(m.id - 1) as usize];
+                child.insert(m.a as u32, parent_map);
+                answered += 1;
+            }
+            kind::REPLY => {
+                return Err(std::io::Error::from_raw_os_error(m.err.max(1)));
+            }
+            kind::PROTECT => {
+                // For the child's copy; the mapping is still the
+                // parent's, which the child inherits.
+                if let Some(map) = child.get(&(m.a as u32)) {
+                    protect_range(map, &m);
+                }
+                if m.id != 0 {
+                    let mut ack = LocalMsg::new(kind::ACK);
+                    ack.id = m.id;
+                    rustix::net::send(&sock, ack.as_bytes(), SendFlags::NOSIGNAL)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Recv, None)?;
+    Ok(ForkPrep { sock, maps: child })
+}
+
+extern "C" fn fork_parent() {
+    // The parent's copy of the child's connection goes (if the fork
+    // failed, that ends the clones).
+    drop(PREP.lock().unwrap_or_else(|e| e.into_inner()).take());
+}
+
+extern "C" fn fork_child() {
+    let prep = PREP.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(prep) = prep else {
+        // No DSM mappings: the child connects afresh when it needs to.
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+        return;
+    };
+    for (&process, m) in &prep.maps {
+        TABLE[m.slot].process.store(process, Ordering::Release);
+    }
+    adopt(prep.sock, prep.maps);
+}
+
+fn protect_range(map: &Mapping, m: &LocalMsg) {
+    let ps = page_size();
+    let prot = match m.d {
+        proto::prot::READ => libc::PROT_READ,
+        proto::prot::READ_WRITE => libc::PROT_READ | libc::PROT_WRITE,
+        _ => libc::PROT_NONE,
+    };
+    let off = m.b as usize * ps;
+    let len = (m.c as usize * ps).min(map.len.saturating_sub(off));
+    // SAFETY: pages inside our own attach mapping.
+    let rc = unsafe { libc::mprotect((map.base + off) as *mut c_void, len, prot) };
+    assert_eq!(rc, 0, "mprotect of a DSM mapping");
+}
+
+impl Client {
+    fn send(&self, m: &LocalMsg) -> bool {
+        rustix::net::send(&self.sock, m.as_bytes(), SendFlags::NOSIGNAL).is_ok()
+    }
+
+    /// Sends a request and waits for its answer.
+    fn call(&self, mut m: LocalMsg, addr: usize) -> Result<(LocalMsg, usize), i32> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        m.id = id;
+        self.pending
+            .lock()
+            .expect("pending")
+            .insert(id, Pending::Waiting { addr });
+        if !self.send(&m) {
+            self.pending.lock().expect("pending").remove(&id);
+            return Err(libc::EIO);
+        }
+        let deadline = Instant::now() + API_TIMEOUT;
+        let mut p = self.pending.lock().expect("pending");
+        loop {
+            if let Some(Pending::Done { .. }) = p.get(&id) {
+                let Some(Pending::Done { reply, base }) = p.remove(&id) else {
+                    unreachable!()
+                };
+                return if reply.err != 0 {
+                    Err(reply.err)
+                } else {
+                    Ok((reply, base))
+                };
+            }
+            let now = Instant::now();
+            if DEAD.load(Ordering::Acquire) || now >= deadline {
+                p.remove(&id);
+                return Err(if DEAD.load(Ordering::Acquire) {
+                    libc::EIO
+                } else {
+                    libc::ETIMEDOUT
+                });
+            }
+            p = self.cv.wait_timeout(p, deadline - now).expect("pending").0;
+        }
+    }
+
+    fn finish(&self, id: u64, reply: LocalMsg, base: usize) {
+        let mut p = self.pending.lock().expect("pending");
+        if p.contains_key(&id) {
+            p.insert(id, Pending::Done { reply, base });
+        }
+        self.cv.notify_all();
+    }
+}
+
+/// The service thread: carries out the daemon's `PROTECT`s and `WAKE`s and
+/// hands answers to callers. It never touches DSM memory.
+fn service(c: &'static Client) {
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    loop {
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            &c.sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let n = match got {
+            Ok(r) if r.bytes > 0 => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => break,
+        };
+        let mut fd: Option<OwnedFd> = None;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+                fd = fds.next();
+            }
+        }
+        let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
+            continue;
+        };
+        match m.kind {
+            kind::REPLY | kind::STATUS_TEXT => c.finish(m.id, m, 0),
+            kind::ATTACH_OK => attach_ok(c, m, fd),
+            kind::PROTECT => {
+                let maps = c.maps.lock().expect("maps");
+                if let Some(map) = maps.get(&(m.a as u32)) {
+                    protect_range(map, &m);
+                }
+                drop(maps);
+                if m.id != 0 {
+                    let mut ack = LocalMsg::new(kind::ACK);
+                    ack.id = m.id;
+                    c.send(&ack);
+                }
+            }
+            kind::WAKE => {
+                // SAFETY: the faulter sleeps on this slot until woken.
+                let slot = unsafe { &*(m.a as *const WaitSlot) };
+                if m.b as u32 != wake::RETRY {
+                    // SAFETY: only the faulter reads the text, after the store below.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            m.text.as_ptr(),
+                            slot.text.as_ptr() as *mut u8,
+                            proto::TEXT_BYTES,
+                        )
+                    };
+                }
+                slot.word.store(m.b as u32, Ordering::Release);
+                let _ = rustix::thread::futex::wake(
+                    &slot.word,
+                    rustix::thread::futex::Flags::PRIVATE,
+                    1,
+                );
+            }
+            _ => {}
+        }
+    }
+    // The daemon is gone: callers and sleeping faulters fail.
+    DEAD.store(true, Ordering::Release);
+    c.cv.notify_all();
+}
+
+fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
+    let process = m.a as u32;
+    let len = m.b as usize;
+    let want = match c.pending.lock().expect("pending").get(&m.id) {
+        Some(Pending::Waiting { addr }) => *addr,
+        _ => 0,
+    };
+    let mapped = fd.ok_or(libc::EIO).and_then(|fd| {
+        let flags = if want != 0 {
+            libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE
+        } else {
+            libc::MAP_SHARED
+        };
+        // SAFETY: a fresh shared mapping of the segment's memfd, no access
+        // yet; FIXED_NOREPLACE never clobbers an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                want as *mut c_void,
+                len,
+                libc::PROT_NONE,
+                flags,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
+        }
+        if want != 0 && p as usize != want {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(p, len) };
+            return Err(libc::EINVAL);
+        }
+        Ok(p as usize)
+    });
+    match mapped {
+        Ok(base) => {
+            let slot = register(base, len, process);
+            c.maps.lock().expect("maps").insert(
+                process,
+                Mapping {
+                    base,
+                    len,
+                    slot,
+                    readonly: m.c != 0,
+                },
+            );
+            c.finish(m.id, m, base);
+        }
+        Err(e) => {
+            // Give the attach back, then fail the call.
+            let mut d = LocalMsg::new(kind::DETACH);
+            d.a = process as u64;
+            c.send(&d);
+            let mut r = m;
+            r.err = if e == libc::EEXIST { libc::EINVAL } else { e };
+            c.finish(m.id, r, 0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Faults: SIGSEGV on a DSM address.
+
+const SLOTS: usize = 256;
+
+struct Slot {
+    base: AtomicUsize,
+    len: AtomicUsize,
+    process: AtomicU32,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    base: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    process: AtomicU32::new(0),
+};
+static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
+static INSTALL: Once = Once::new();
+/// The action that was in place before ours, for addresses not ours.
+static mut OLD_SEGV: MaybeUninit<libc::sigaction> = MaybeUninit::zeroed();
+
+fn register(base: usize, len: usize, process: u32) -> usize {
+    INSTALL.call_once(|| {
+        // SAFETY: installs a handler that only makes async-signal-safe calls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = handler as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
+            libc::sigemptyset(&mut sa.sa_mask);
+            let old = &raw mut OLD_SEGV;
+            let rc = libc::sigaction(libc::SIGSEGV, &sa, (*old).as_mut_ptr());
+            assert_eq!(rc, 0, "sigaction(SIGSEGV)");
+        }
+    });
+    for (i, s) in TABLE.iter().enumerate() {
+        if s.base
+            .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            s.len.store(len, Ordering::Release);
+            s.process.store(process, Ordering::Release);
+            s.base.store(base, Ordering::Release);
+            return i;
+        }
+    }
+    panic!("more than {SLOTS} DSM attach mappings in one process");
+}
+
+fn unregister(slot: usize) {
+    let s = &TABLE[slot];
+    s.base.store(usize::MAX, Ordering::Release);
+    s.base.store(0, Ordering::Release);
+}
+
+#[cfg(target_arch = "x86_64")]
+unsafe fn access_of(ctx: *mut c_void) -> u64 {
+    // SAFETY: the kernel passes a ucontext_t to an SA_SIGINFO handler.
+    let uc = unsafe { &*(ctx as *const libc::ucontext_t) };
+    if uc.uc_mcontext.gregs[libc::REG_ERR as usize] & 2 != 0 {
+        proto::ACCESS_WRITE
+    } else {
+        proto::ACCESS_READ
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn access_of(_ctx: *mut c_void) -> u64 {
+    proto::ACCESS_UNKNOWN
+}
+
+fn write_stderr(b: &[u8]) {
+    // SAFETY: write(2) is async-signal-safe.
+    unsafe { libc::write(2, b.as_ptr() as *const c_void, b.len()) };
+}
+
+extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: SA_SIGINFO guarantees info and ctx.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let ps = page_size();
+    for s in TABLE.iter() {
+        let base = s.base.load(Ordering::Acquire);
+        if base == 0 || base == usize::MAX {
+            continue;
+        }
+        let len = s.len.load(Ordering::Acquire);
+        if addr < base || addr >= base + len {
+            continue;
+        }
+        let slot = WaitSlot {
+            word: AtomicU32::new(0),
+            text: [0; proto::TEXT_BYTES],
+        };
+        let mut m = LocalMsg::new(kind::FAULT);
+        m.a = s.process.load(Ordering::Acquire) as u64;
+        m.b = ((addr - base) / ps) as u64;
+        // SAFETY: ctx is the kernel's ucontext.
+        m.c = unsafe { access_of(ctx) };
+        m.d = &slot as *const WaitSlot as u64;
+        let fd = SOCK_FD.load(Ordering::Acquire);
+        // SAFETY: send(2) is async-signal-safe; SEQPACKET keeps the record whole.
+        let n = unsafe {
+            libc::send(
+                fd,
+                m.as_bytes().as_ptr() as *const c_void,
+                MSG_BYTES,
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        let v = if n == MSG_BYTES as isize {
+            wait(&slot.word)
+        } else {
+            wake::FAIL
+        };
+        match v {
+            wake::RETRY => {}
+            wake::SEGV => {
+                // SAFETY: async-signal-safe; the retried access crashes.
+                unsafe { libc::signal(libc::SIGSEGV, libc::SIG_DFL) };
+            }
+            _ => {
+                // Coherence before availability: no stale copy, no zeros.
+                // The page is replaced by a mapping past the end of an
+                // empty memfd, so the retried access takes a genuine
+                // SIGBUS at this very address.
+                write_stderr(b"mmulab dsm: ");
+                let n = slot.text.iter().position(|&c| c == 0).unwrap_or(0);
+                if n == 0 {
+                    write_stderr(b"the site daemon is gone");
+                } else {
+                    write_stderr(&slot.text[..n]);
+                }
+                write_stderr(b"; SIGBUS\n");
+                let page = addr & !(ps - 1);
+                // SAFETY: memfd_create, mmap and close are plain syscalls;
+                // the page is inside our own DSM mapping.
+                unsafe {
+                    let fd = libc::memfd_create(c"mmulab-dsm-lost".as_ptr(), libc::MFD_CLOEXEC);
+                    if fd >= 0 {
+                        libc::mmap(
+                            page as *mut c_void,
+                            ps,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_SHARED | libc::MAP_FIXED,
+                            fd,
+                            0,
+                        );
+                        libc::close(fd);
+                    } else {
+                        libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                        libc::raise(libc::SIGBUS);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    // Not a DSM address: put the previous action back and let the
+    // instruction fault again, so a real crash stays a crash.
+    // SAFETY: async-signal-safe; OLD_SEGV was filled at install.
+    unsafe {
+        let old = &raw const OLD_SEGV;
+        if libc::sigaction(sig, (*old).as_ptr(), std::ptr::null_mut()) != 0 {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+/// Sleeps until the daemon stores a value (bounded polls of `DEAD`).
+fn wait(word: &AtomicU32) -> u32 {
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if v != 0 {
+            return v;
+        }
+        if DEAD.load(Ordering::Acquire) {
+            return wake::FAIL;
+        }
+        let t = rustix::thread::futex::Timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        let _ =
+            rustix::thread::futex::wait(word, rustix::thread::futex::Flags::PRIVATE, 0, Some(&t));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The C API (mmulab_dsm.h).
+
+fn fail<T>(e: i32, v: T) -> T {
+    set_errno(e);
+    v
+}
+
+/// `shmget(2)` on the DSM.
+///
+/// # Safety
+/// Callable from C; no pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmulab_shmget(key: libc::key_t, size: libc::size_t, shmflg: i32) -> i32 {
+    let Some(c) = client() else {
+        return fail(libc::ENOSYS, -1);
+    };
+    let mut m = LocalMsg::new(kind::GET);
+    m.a = key as u32 as u64;
+    m.b = size as u64;
+    m.c = shmflg as u32 as u64;
+    match c.call(m, 0) {
+        Ok((r, _)) => r.a as i32,
+        Err(e) => fail(e, -1),
+    }
+}
+
+/// `shmat(2)` on the DSM.
+///
+/// # Safety
+/// `addr` is null or a page-aligned address the caller wants the segment at.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmulab_shmat(shmid: i32, addr: *const c_void, shmflg: i32) -> *mut c_void {
+    let failed = usize::MAX as *mut c_void;
+    let Some(c) = client() else {
+        return fail(libc::ENOSYS, failed);
+    };
+    let mut want = addr as usize;
+    if !want.is_multiple_of(page_size()) {
+        if shmflg & libc::SHM_RND != 0 {
+            want &= !(page_size() - 1);
+        } else {
+            return fail(libc::EINVAL, failed);
+        }
+    }
+    let mut m = LocalMsg::new(kind::ATTACH);
+    m.a = shmid as u32 as u64;
+    m.b = (shmflg & SHM_RDONLY) as u64;
+    match c.call(m, want) {
+        Ok((_, base)) => base as *mut c_void,
+        Err(e) => fail(e, failed),
+    }
+}
+
+/// `shmdt(2)` on the DSM.
+///
+/// # Safety
+/// `addr` is an address `mmulab_shmat` returned.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmulab_shmdt(addr: *const c_void) -> i32 {
+    let Some(c) = client() else {
+        return fail(libc::ENOSYS, -1);
+    };
+    let found = {
+        let mut maps = c.maps.lock().expect("maps");
+        let p = maps
+            .iter()
+            .find(|(_, m)| m.base == addr as usize)
+            .map(|(&p, _)| p);
+        p.and_then(|p| maps.remove(&p).map(|m| (p, m)))
+    };
+    let Some((process, map)) = found else {
+        return fail(libc::EINVAL, -1);
+    };
+    // The mapping goes first: after shmdt nothing may fault on it.
+    unregister(map.slot);
+    // SAFETY: our own attach mapping, given up by the program.
+    unsafe { libc::munmap(map.base as *mut c_void, map.len) };
+    let mut m = LocalMsg::new(kind::DETACH);
+    m.a = process as u64;
+    match c.call(m, 0) {
+        Ok(_) => 0,
+        Err(e) => fail(e, -1),
+    }
+}
+
+/// `shmctl(2)` on the DSM: `IPC_STAT`, `IPC_SET` (mode bits) and `IPC_RMID`.
+///
+/// # Safety
+/// `buf` is valid for `IPC_STAT` and `IPC_SET`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmulab_shmctl(shmid: i32, cmd: i32, buf: *mut libc::shmid_ds) -> i32 {
+    let Some(c) = client() else {
+        return fail(libc::ENOSYS, -1);
+    };
+    if matches!(cmd, IPC_STAT | IPC_SET) && buf.is_null() {
+        return fail(libc::EFAULT, -1);
+    }
+    if !matches!(cmd, IPC_STAT | IPC_SET | IPC_RMID) {
+        return fail(libc::EINVAL, -1);
+    }
+    let mut m = LocalMsg::new(kind::CTL);
+    m.a = shmid as u32 as u64;
+    m.b = cmd as u64;
+    if cmd == IPC_SET {
+        // SAFETY: checked non-null; the caller's buffer.
+        m.c = unsafe { (*buf).shm_perm.mode } as u64 & 0o777;
+    }
+    match c.call(m, 0) {
+        Ok((r, _)) => {
+            if cmd == IPC_STAT {
+                // SAFETY: checked non-null; the caller's buffer.
+                unsafe {
+                    let ds: &mut libc::shmid_ds = &mut *buf;
+                    *ds = std::mem::zeroed();
+                    ds.shm_perm.__key = r.a as u32 as i32;
+                    ds.shm_perm.mode = r.c as _;
+                    ds.shm_perm.uid = libc::geteuid();
+                    ds.shm_perm.gid = libc::getegid();
+                    ds.shm_perm.cuid = libc::geteuid();
+                    ds.shm_perm.cgid = libc::getegid();
+                    ds.shm_segsz = r.b as _;
+                    ds.shm_nattch = r.d as _;
+                }
+            }
+            0
+        }
+        Err(e) => fail(e, -1),
+    }
+}
+
+/// Sets Δ (in the cluster's ticks) for every page of a segment created on
+/// this site (Δ lives at the library, fleisch89 §8).
+///
+/// # Safety
+/// Callable from C; no pointer arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmulab_set_delta(shmid: i32, ticks: u32) -> i32 {
+    let Some(c) = client() else {
+        return fail(libc::ENOSYS, -1);
+    };
+    let mut m = LocalMsg::new(kind::SET_DELTA);
+    m.a = shmid as u32 as u64;
+    m.b = ticks as u64;
+    match c.call(m, 0) {
+        Ok(_) => 0,
+        Err(e) => fail(e, -1),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// LD_PRELOAD: the System V calls themselves.
+
+fn dsm_enabled() -> bool {
+    std::env::var_os(proto::SOCKET_ENV).is_some()
+}
+
+/// The C library's own function (the next definition after ours).
+fn next(name: &std::ffi::CStr) -> *mut c_void {
+    // SAFETY: dlsym with a NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
+}
+
+/// # Safety
+/// As `shmget(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmget(key: libc::key_t, size: libc::size_t, shmflg: i32) -> i32 {
+    if dsm_enabled() {
+        // SAFETY: same contract.
+        return unsafe { mmulab_shmget(key, size, shmflg) };
+    }
+    let f = next(c"shmget");
+    if f.is_null() {
+        return fail(libc::ENOSYS, -1);
+    }
+    // SAFETY: the C library's shmget.
+    unsafe {
+        let f: extern "C" fn(libc::key_t, libc::size_t, i32) -> i32 = std::mem::transmute(f);
+        f(key, size, shmflg)
+    }
+}
+
+/// # Safety
+/// As `shmat(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmat(shmid: i32, addr: *const c_void, shmflg: i32) -> *mut c_void {
+    if dsm_enabled() {
+        // SAFETY: same contract.
+        return unsafe { mmulab_shmat(shmid, addr, shmflg) };
+    }
+    let f = next(c"shmat");
+    if f.is_null() {
+        return fail(libc::ENOSYS, usize::MAX as *mut c_void);
+    }
+    // SAFETY: the C library's shmat.
+    unsafe {
+        let f: extern "C" fn(i32, *const c_void, i32) -> *mut c_void = std::mem::transmute(f);
+        f(shmid, addr, shmflg)
+    }
+}
+
+/// # Safety
+/// As `shmdt(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmdt(addr: *const c_void) -> i32 {
+    if dsm_enabled() {
+        // SAFETY: same contract.
+        return unsafe { mmulab_shmdt(addr) };
+    }
+    let f = next(c"shmdt");
+    if f.is_null() {
+        return fail(libc::ENOSYS, -1);
+    }
+    // SAFETY: the C library's shmdt.
+    unsafe {
+        let f: extern "C" fn(*const c_void) -> i32 = std::mem::transmute(f);
+        f(addr)
+    }
+}
+
+/// # Safety
+/// As `shmctl(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmctl(shmid: i32, cmd: i32, buf: *mut libc::shmid_ds) -> i32 {
+    if dsm_enabled() {
+        // SAFETY: same contract.
+        return unsafe { mmulab_shmctl(shmid, cmd, buf) };
+    }
+    let f = next(c"shmctl");
+    if f.is_null() {
+        return fail(libc::ENOSYS, -1);
+    }
+    // SAFETY: the C library's shmctl.
+    unsafe {
+        let f: extern "C" fn(i32, i32, *mut libc::shmid_ds) -> i32 = std::mem::transmute(f);
+        f(shmid, cmd, buf)
+    }
+}

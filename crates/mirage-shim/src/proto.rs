@@ -1,0 +1,148 @@
+//! The local protocol between a program (the shim, `libmmulab_shm.so`)
+//! and its site daemon: fixed-size records on a `SOCK_SEQPACKET` Unix
+//! socket, so that every message arrives whole and alone (a signal
+//! handler's `send` of one record is atomic). A status reply carries text
+//! after the record. The memfd of a segment travels with `ATTACH_OK` as
+//! `SCM_RIGHTS`.
+//!
+//! This file is shared verbatim by the daemon (`mmulab-mirage`,
+//! `runtime::local`, through `#[path]`) and the shim: one definition.
+
+/// Request and message kinds.
+pub mod kind {
+    // Program → daemon.
+    /// `a` = key (as i32), `b` = size, `c` = shmflg → `REPLY` `a` = shmid.
+    pub const GET: u32 = 1;
+    /// `a` = shmid, `b` = shmflg → `ATTACH_OK` (+ memfd, then `PROTECT`s) or `REPLY` error.
+    pub const ATTACH: u32 = 2;
+    /// `a` = the attach's process number → `REPLY`.
+    pub const DETACH: u32 = 3;
+    /// `a` = shmid, `b` = cmd (`IPC_STAT`/`IPC_SET`/`IPC_RMID`), `c` = mode
+    /// → `REPLY` (`IPC_STAT`: `a` = key, `b` = size, `c` = mode, `d` = nattch).
+    pub const CTL: u32 = 4;
+    /// `a` = shmid, `b` = Δ in ticks → `REPLY`.
+    pub const SET_DELTA: u32 = 5;
+    /// A page fault: `a` = process, `b` = page, `c` = access, `d` = the
+    /// address of the faulter's [`WaitSlot`] → eventually `WAKE`.
+    pub const FAULT: u32 = 6;
+    /// `id` = the sequence number of the `PROTECT` carried out.
+    pub const ACK: u32 = 7;
+    /// → `STATUS_TEXT`.
+    pub const STATUS: u32 = 8;
+    /// Before `fork` returns, on a new connection for the child: `a` = the
+    /// parent's attach (process number), `b` = `SHM_RDONLY` or 0 → an
+    /// `ATTACH_OK` for the child's copy of that mapping (already mapped).
+    pub const CLONE: u32 = 9;
+    // Daemon → program.
+    pub const REPLY: u32 = 100;
+    /// `id` = the request, `a` = process, `b` = length, `c` = read-only.
+    pub const ATTACH_OK: u32 = 101;
+    /// `id` = sequence number (0: no acknowledgement wanted), `a` =
+    /// process, `b` = first page, `c` = page count, `d` = [`prot`] value.
+    pub const PROTECT: u32 = 102;
+    /// `a` = the [`WaitSlot`] address, `b` = a [`wake`] value; `text` =
+    /// the reason when the fault failed.
+    pub const WAKE: u32 = 103;
+    /// `id` = the request; UTF-8 text follows the record.
+    pub const STATUS_TEXT: u32 = 104;
+}
+
+/// Page protection values of `PROTECT`.
+pub mod prot {
+    pub const NONE: u64 = 0;
+    pub const READ: u64 = 1;
+    pub const READ_WRITE: u64 = 2;
+}
+
+/// Values a `WAKE` stores in the faulter's slot.
+pub mod wake {
+    /// Retry the access (it may fault again).
+    pub const RETRY: u32 = 1;
+    /// The page cannot be served coherently: SIGBUS at that address.
+    pub const FAIL: u32 = 2;
+    /// A write through a `SHM_RDONLY` attach: a plain segmentation fault.
+    pub const SEGV: u32 = 3;
+}
+
+/// Fault access types.
+pub const ACCESS_READ: u64 = 0;
+pub const ACCESS_WRITE: u64 = 1;
+pub const ACCESS_UNKNOWN: u64 = 2;
+
+/// Bytes of text a record carries (`WAKE`'s reason).
+pub const TEXT_BYTES: usize = 112;
+
+/// One record. Every field is plain data of fixed size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LocalMsg {
+    pub kind: u32,
+    /// 0 or a positive errno.
+    pub err: i32,
+    pub id: u64,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub text: [u8; TEXT_BYTES],
+}
+
+pub const MSG_BYTES: usize = std::mem::size_of::<LocalMsg>();
+/// The largest message (a status text); receive buffers are this large.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+impl LocalMsg {
+    pub const fn new(kind: u32) -> LocalMsg {
+        LocalMsg {
+            kind,
+            err: 0,
+            id: 0,
+            a: 0,
+            b: 0,
+            c: 0,
+            d: 0,
+            text: [0; TEXT_BYTES],
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8; MSG_BYTES] {
+        // SAFETY: LocalMsg is repr(C) plain data without padding
+        // (u32, i32, then u64s and bytes).
+        unsafe { &*(self as *const LocalMsg as *const [u8; MSG_BYTES]) }
+    }
+
+    /// Decodes the record at the start of a message; `None` if short.
+    pub fn from_bytes(b: &[u8]) -> Option<LocalMsg> {
+        if b.len() < MSG_BYTES {
+            return None;
+        }
+        // SAFETY: at least MSG_BYTES bytes; every bit pattern is valid.
+        Some(unsafe { std::ptr::read_unaligned(b.as_ptr() as *const LocalMsg) })
+    }
+
+    /// Stores `s` in `text`, cut at a character boundary.
+    pub fn set_text(&mut self, s: &str) {
+        let mut n = s.len().min(TEXT_BYTES);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.text = [0; TEXT_BYTES];
+        self.text[..n].copy_from_slice(&s.as_bytes()[..n]);
+    }
+
+    pub fn text_str(&self) -> &str {
+        let n = self.text.iter().position(|&c| c == 0).unwrap_or(TEXT_BYTES);
+        std::str::from_utf8(&self.text[..n]).unwrap_or("?")
+    }
+}
+
+/// What a faulting thread sleeps on (on its own stack): the daemon's
+/// `WAKE` stores the value, and the reason when it failed.
+#[repr(C)]
+pub struct WaitSlot {
+    pub word: std::sync::atomic::AtomicU32,
+    pub text: [u8; TEXT_BYTES],
+}
+
+/// The environment variable naming the daemon's socket.
+pub const SOCKET_ENV: &str = "MMULAB_DSM_SOCKET";
