@@ -44,6 +44,11 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
             hz: spec.kernel.hz,
             segkmem_pages: spec.kernel.segkmem_pages,
             segkmem_zone_bytes: spec.kernel.segkmem_zone_bytes,
+            segmap_pages: spec.kernel.segmap_pages,
+            segmap_chunk_pages: spec.kernel.segmap_chunk_bytes / 4096,
+            segmap_eager: spec.kernel.segmap_eager,
+            pageout_global: spec.kernel.pageout_global,
+            segkmem_first_fit: spec.kernel.segkmem_first_fit,
         },
     }
 }
@@ -59,6 +64,7 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
         single_entry_flush: o.single_entry_flush,
         l1_trick_pages: o.l1_trick_pages,
         mapping_chunks: o.mapping_chunks,
+        shoot_lock_when_alone: o.shoot_lock_when_alone,
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

@@ -127,6 +127,23 @@ pub struct KernelSpec {
     pub segkmem_pages: u64,
     /// Bytes of segkmem bitmap per zone (balan92: default 16).
     pub segkmem_zone_bytes: u64,
+    /// Pages of kernel virtual space managed by segmap (balan92);
+    /// default 16 (8 chunks of 8 KB: small, so that `mmulab check` reuses
+    /// chunks often).
+    pub segmap_pages: u64,
+    /// segmap chunk size in bytes, a page multiple (balan92: 8192).
+    pub segmap_chunk_bytes: u64,
+    /// segmap ablation: unload and shoot at every last release.
+    pub segmap_eager: bool,
+    /// balan92 §Pageout: SVR4's global daemon instead of local aging.
+    pub pageout_global: bool,
+    /// segkmem allocates first fit instead of next fit (an ablation).
+    pub segkmem_first_fit: bool,
+    /// balan92 §Physical Memory Scalability: SVR4's map of all physical
+    /// memory in kernel virtual space, which limits memory to 256 MB
+    /// (SVR4.2, the default false, caches each level-2 table's address
+    /// instead and maps other pages transiently: no limit).
+    pub physmap: bool,
 }
 
 impl Default for KernelSpec {
@@ -138,6 +155,12 @@ impl Default for KernelSpec {
             hz: k.hz,
             segkmem_pages: k.segkmem_pages,
             segkmem_zone_bytes: k.segkmem_zone_bytes,
+            segmap_pages: k.segmap_pages,
+            segmap_chunk_bytes: k.segmap_chunk_pages * 4096,
+            segmap_eager: k.segmap_eager,
+            pageout_global: k.pageout_global,
+            physmap: false,
+            segkmem_first_fit: k.segkmem_first_fit,
         }
     }
 }
@@ -160,6 +183,9 @@ pub struct ProtocolOptionsSpec {
     /// svr42: skip spans without a mapping chunk (balan92 §Background);
     /// default true.
     pub mapping_chunks: bool,
+    /// svr42: immediate shootdowns take the global lock even with no other
+    /// CPU in the address space (balan92 step 1); default true.
+    pub shoot_lock_when_alone: bool,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -172,6 +198,7 @@ impl Default for ProtocolOptionsSpec {
             single_entry_flush: d.single_entry_flush,
             l1_trick_pages: d.l1_trick_pages,
             mapping_chunks: d.mapping_chunks,
+            shoot_lock_when_alone: d.shoot_lock_when_alone,
         }
     }
 }
@@ -323,6 +350,40 @@ impl Spec {
             return Err(invalid(format!(
                 "kernel.segkmem_pages: {} pages exceed the 1 GB kernel virtual space ({} pages)",
                 k.segkmem_pages, KERNEL_VIRTUAL_PAGES
+            )));
+        }
+        if k.segmap_chunk_bytes == 0 || !k.segmap_chunk_bytes.is_multiple_of(4096) {
+            return Err(invalid(format!(
+                "kernel.segmap_chunk_bytes: must be a positive multiple of the 4096-byte page, got {}",
+                k.segmap_chunk_bytes
+            )));
+        }
+        if k.segmap_pages < k.segmap_chunk_bytes / 4096 {
+            return Err(invalid(format!(
+                "kernel.segmap_pages: {} pages hold no {}-byte chunk",
+                k.segmap_pages, k.segmap_chunk_bytes
+            )));
+        }
+        // segmap sits at the top of the kernel's 1 GB (below 16 guard
+        // pages), segkmem at the bottom (above 256 pages).
+        if k.segkmem_pages + k.segmap_pages + 0x100 + 16 > KERNEL_VIRTUAL_PAGES {
+            return Err(invalid(format!(
+                "kernel.segmap_pages: segkmem ({}) and segmap ({}) pages exceed the 1 GB kernel virtual space ({} pages)",
+                k.segkmem_pages, k.segmap_pages, KERNEL_VIRTUAL_PAGES
+            )));
+        }
+        // balan92 §Physical Memory Scalability.
+        const PHYSMAP_LIMIT_MB: u64 = 256;
+        if k.physmap && m.memory_mb > PHYSMAP_LIMIT_MB {
+            return Err(invalid(format!(
+                "kernel.physmap: SVR4's map of all physical memory covers at most {PHYSMAP_LIMIT_MB} MB, machine.memory_mb is {}",
+                m.memory_mb
+            )));
+        }
+        if m.page_table == PtFormat::I386 && m.memory_mb > 4096 {
+            return Err(invalid(format!(
+                "machine.memory_mb: i386 page tables address at most 4096 MB (4 GB) of physical memory, got {}",
+                m.memory_mb
             )));
         }
         self.workload.validate(m.cpus).map_err(invalid)?;

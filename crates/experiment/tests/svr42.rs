@@ -151,7 +151,10 @@ fn l1_trick_shortens_the_responders_spin_for_large_ranges() {
     let (used_on, spin_on) = run(1);
     assert_eq!(used_off, 0);
     assert_eq!(used_on, 3);
-    assert!(spin_on < spin_off / 4.0, "on {spin_on} vs off {spin_off}");
+    // Only the level-2 PTE writes leave the spin window (the mapping-chain
+    // edits take page spin locks, which come after the shootdown lock is
+    // released: see svr42.rs step 6).
+    assert!(spin_on < spin_off * 0.75, "on {spin_on} vs off {spin_off}");
 }
 
 #[test]

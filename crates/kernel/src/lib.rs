@@ -15,14 +15,23 @@
 //! * [`program`] — what a simulated thread runs.
 //! * [`segkmem`] — balan92's kernel memory segment driver: a bitmap in
 //!   zones, each with the cookie of its last free.
+//! * [`segmap`] — balan92's transient file-mapping driver: 8 KB chunks
+//!   kept mapped after release, aged without shootdown, shot at reuse.
+//! * [`pageout`] — balan92 §Pageout: local working-set aging (seize, no
+//!   shootdown) or SVR4's global daemon (a shootdown per clear).
+//! * [`lockorder`] — balan92 §Locking Design: lock classes, the order
+//!   checker (always on) and per-class contention counts.
 //! * [`costs`] — every cost the model charges, in cycles (a preset's input).
 
 pub mod costs;
 pub mod cpu;
+pub mod lockorder;
+pub mod pageout;
 pub mod pmap;
 pub mod program;
 pub mod sched;
 pub mod segkmem;
+pub mod segmap;
 pub mod sim;
 pub mod vm;
 

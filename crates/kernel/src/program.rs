@@ -114,6 +114,10 @@ pub enum Syscall {
     CpuOnline {
         cpu: CpuId,
     },
+    /// balan92 segmap (file read/write mappings): see `segmap`.
+    Segmap(crate::segmap::SegmapCall),
+    /// balan92 §Pageout (the pageout daemon's aging): see `pageout`.
+    Pageout(crate::pageout::PageoutCall),
 }
 
 pub enum Op {

@@ -12,7 +12,8 @@
 //! VM layer (`vm.rs`, `KmemAlloc`/`KmemFree`) calls the HAT around it.
 //!
 //! Allocation is next-fit from a rotor (an assumption: the paper does not
-//! say how a run of free bits is chosen). Next-fit delays the reuse of a
+//! say how a run of free bits is chosen; `kernel.segkmem_first_fit` is the
+//! first-fit ablation). Next-fit delays the reuse of a
 //! freed address until the rotor comes round, which is what lets most
 //! cookies age past every CPU's last flush. A zone's cookie is consulted
 //! only when the pages allocated include one freed since the zone was last
@@ -47,6 +48,9 @@ pub struct Segkmem {
     zone_pages: u64,
     zones: Vec<Zone>,
     rotor: u64,
+    /// First fit from the bottom instead of next fit from the rotor (an
+    /// ablation: freed addresses are reused at once).
+    pub first_fit: bool,
 }
 
 impl Segkmem {
@@ -61,7 +65,14 @@ impl Segkmem {
             zone_pages,
             zones: vec![Zone::default(); pages.div_ceil(zone_pages) as usize],
             rotor: 0,
+            first_fit: false,
         }
+    }
+
+    /// First fit instead of next fit (the ablation).
+    pub fn with_first_fit(mut self, first_fit: bool) -> Segkmem {
+        self.first_fit = first_fit;
+        self
     }
 
     pub fn pages(&self) -> u64 {
@@ -79,8 +90,14 @@ impl Segkmem {
         if pages == 0 || pages > n {
             return None;
         }
-        // Two passes: from the rotor to the end, then from 0.
-        for start_from in [self.rotor, 0] {
+        // Two passes: from the rotor to the end, then from 0 (first fit:
+        // from 0 only).
+        let starts: &[u64] = if self.first_fit {
+            &[0]
+        } else {
+            &[self.rotor, 0]
+        };
+        for &start_from in starts {
             let mut run = 0;
             let mut i = start_from;
             while i < n {
@@ -220,6 +237,16 @@ mod tests {
         assert_eq!(s.alloc(4), Some(0));
         assert_eq!(s.unflushed(0, 4), vec![(0, 1)]);
         assert_eq!(s.alloc(1), None, "full");
+    }
+
+    #[test]
+    fn first_fit_reuses_a_freed_run_at_once() {
+        let mut s = Segkmem::new(0, 16, 1);
+        s.first_fit = true;
+        let a = s.alloc(4).unwrap();
+        s.free(a, 4, 1, None);
+        assert_eq!(s.alloc(4), Some(0), "the freed run, not the rotor's");
+        assert_eq!(s.unflushed(0, 4), vec![(0, 1)]);
     }
 
     #[test]

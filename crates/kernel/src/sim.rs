@@ -89,6 +89,17 @@ pub struct KernelParams {
     /// Bytes of segkmem bitmap per zone (balan92: "the default value is 16
     /// bytes", i.e. 128 pages per zone).
     pub segkmem_zone_bytes: u64,
+    /// Pages of kernel virtual space managed by segmap (balan92 §Lazy
+    /// Shutdowns; see `segmap`).
+    pub segmap_pages: u64,
+    /// segmap chunk size in pages (balan92: 8 KB, 2 pages).
+    pub segmap_chunk_pages: u64,
+    /// segmap ablation: unload and shoot at every last release (no reuse).
+    pub segmap_eager: bool,
+    /// balan92 §Pageout: SVR4's global daemon instead of local aging.
+    pub pageout_global: bool,
+    /// segkmem allocates first fit instead of next fit (an ablation).
+    pub segkmem_first_fit: bool,
 }
 
 impl Default for KernelParams {
@@ -97,6 +108,11 @@ impl Default for KernelParams {
             hz: 100,
             segkmem_pages: 4096,
             segkmem_zone_bytes: 16,
+            segmap_pages: 16,
+            segmap_chunk_pages: 2,
+            segmap_eager: false,
+            pageout_global: false,
+            segkmem_first_fit: false,
         }
     }
 }
@@ -167,6 +183,12 @@ pub struct World {
     /// segkmem's bitmap and zone cookies (used by protocols with lazy
     /// kernel shootdowns).
     pub segkmem: crate::segkmem::Segkmem,
+    /// segmap's chunks and page cache (balan92; `segmap`).
+    pub segmap: crate::segmap::Segmap,
+    /// Pageout's switches (balan92 §Pageout; `pageout`).
+    pub pageout: crate::pageout::Pageout,
+    /// The lock-order checker and lock contention (`lockorder`).
+    pub lockorder: crate::lockorder::LockOrder,
 }
 
 impl World {
@@ -287,7 +309,19 @@ impl Sim {
                 (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
                 cfg.kernel.segkmem_pages,
                 cfg.kernel.segkmem_zone_bytes,
+            )
+            .with_first_fit(cfg.kernel.segkmem_first_fit),
+            segmap: crate::segmap::Segmap::new(
+                cfg.kernel.segmap_pages,
+                cfg.kernel.segmap_chunk_pages,
+                cfg.kernel.segmap_eager,
             ),
+            pageout: crate::pageout::Pageout {
+                global: cfg.kernel.pageout_global,
+                control_no_seize: false,
+                next_asid: 0,
+            },
+            lockorder: crate::lockorder::LockOrder::new(cfg.cpus),
             cfg,
         };
         let n = world.cpus.len();
@@ -527,6 +561,7 @@ impl Sim {
     /// Acquires a pmap's spin lock.
     pub async fn lock_pmap(&self, cpu: CpuId, pmap: PmapId) {
         let costs = self.costs();
+        let order = self.lock_enter(cpu, crate::lockorder::LockRef::Pmap(pmap));
         loop {
             {
                 let mut w = self.w();
@@ -542,6 +577,7 @@ impl Sim {
             })
             .await;
         }
+        self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
         self.delay(cpu, Cycles(costs.lock_cycles)).await;
     }
 
@@ -558,6 +594,7 @@ impl Sim {
             );
             p.lock = None;
         }
+        self.lock_released(cpu, crate::lockorder::LockRef::Pmap(pmap));
         self.delay(cpu, Cycles(c)).await;
     }
 
@@ -569,6 +606,7 @@ impl Sim {
     }
 
     pub async fn lock(&self, cpu: CpuId, lock: usize) {
+        let order = self.lock_enter(cpu, crate::lockorder::LockRef::Named(lock));
         loop {
             {
                 let mut w = self.w();
@@ -580,6 +618,7 @@ impl Sim {
             self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none())
                 .await;
         }
+        self.lock_acquired(cpu, crate::lockorder::LockRef::Named(lock), order);
         let c = self.costs().lock_cycles;
         self.delay(cpu, Cycles(c)).await;
     }
@@ -594,6 +633,7 @@ impl Sim {
             );
             w.locks[lock] = None;
         }
+        self.lock_released(cpu, crate::lockorder::LockRef::Named(lock));
         let c = self.costs().unlock_cycles;
         self.delay(cpu, Cycles(c)).await;
     }

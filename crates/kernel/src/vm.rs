@@ -657,6 +657,8 @@ impl Sim {
                 p.hat_shutdown(self, cpu, cookie).await;
                 0
             }
+            Syscall::Segmap(c) => self.segmap_call(cpu, c).await,
+            Syscall::Pageout(c) => self.pageout_call(cpu, tid, c).await,
             Syscall::ThreadCreate { program, cpu: on } => {
                 self.spawn_thread(task, program, on).0 as u64
             }

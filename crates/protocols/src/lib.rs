@@ -44,6 +44,11 @@ pub struct ProtocolOptions {
     /// spans without one (balan92 §Background); false scans every PTE of
     /// the range's page tables.
     pub mapping_chunks: bool,
+    /// svr42: an immediate shootdown takes the global shootdown lock even
+    /// when no other CPU uses the address space (balan92's step 1, the
+    /// default); false skips the lock (and the interrupts) then, under the
+    /// as's HAT lock, which keeps any CPU from joining (an ablation).
+    pub shoot_lock_when_alone: bool,
 }
 
 impl Default for ProtocolOptions {
@@ -55,6 +60,7 @@ impl Default for ProtocolOptions {
             single_entry_flush: false,
             l1_trick_pages: 64,
             mapping_chunks: true,
+            shoot_lock_when_alone: true,
         }
     }
 }
@@ -119,6 +125,18 @@ pub const REGISTRY: &[Entry] = &[
         about: "broken svr42: immediate responders flush without waiting on the counter (negative control)",
         negative_control: true,
         make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::NoSpin)),
+    },
+    Entry {
+        name: "svr42-segmap-no-shutdown",
+        about: "broken svr42 segmap: a chunk reused for other pages skips hat_shutdown (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::SegmapNoShutdown)),
+    },
+    Entry {
+        name: "svr42-pageout-no-seize",
+        about: "broken svr42 pageout: local aging clears R/M without seizing the process (negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::PageoutNoSeize)),
     },
 ];
 

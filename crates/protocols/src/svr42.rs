@@ -48,6 +48,14 @@ pub enum Mutation {
     /// Immediate responders flush at once instead of spinning on the
     /// counter, and may reload the old PTE before the initiator edits it.
     NoSpin,
+    /// segmap reuses a chunk for another identity without
+    /// `hat_shutdown` (a broken segment driver; the HAT is intact). Set in
+    /// the kernel's segmap state at `init`.
+    SegmapNoShutdown,
+    /// Local working-set aging clears R/M without seizing the process
+    /// (a broken pageout; the HAT is intact). Set in the kernel's pageout
+    /// state at `init`.
+    PageoutNoSeize,
 }
 
 /// What a CPU's pending shootdown interrupt asks of it.
@@ -75,6 +83,8 @@ pub struct Svr42 {
     l1_trick_pages: Option<u64>,
     /// Range operations skip spans without a mapping chunk.
     mapping_chunks: bool,
+    /// Take the shootdown lock even when no other CPU uses the as.
+    lock_when_alone: bool,
     /// The global shootdown spin lock (§Lazy Shutdown Algorithm step 1;
     /// §Immediate step 1 takes the same one).
     shoot_lock: Cell<Option<usize>>,
@@ -89,6 +99,19 @@ pub struct Svr42 {
     round: Cell<u64>,
     /// The counter immediate responders spin on (§Immediate step 4).
     counter: Cell<u64>,
+    /// §Other Architectures, TLB entries tagged with a context number
+    /// (the machine's `tlb.asid`): no flush on a context switch, user
+    /// shootdowns flush only the address space's entries, and the kernel's
+    /// entries leave a TLB only through `hat_shutdown`, which then flushes
+    /// every online CPU: one cookie for all.
+    asid_tlb: Cell<bool>,
+    /// With tagged TLBs: per address space, the CPUs that may hold its
+    /// entries from before an immediate shootdown they were not part of
+    /// (not running it); they flush its entries on their next
+    /// `hat_asload`.
+    asid_stale: RefCell<std::collections::BTreeMap<u32, mmulab_kernel::pmap::CpuSet>>,
+    /// Per physical page: its spin lock (allocated on first use).
+    page_locks: RefCell<std::collections::BTreeMap<u64, usize>>,
 }
 
 impl Svr42 {
@@ -98,6 +121,7 @@ impl Svr42 {
             single_entry_threshold: o.single_entry_flush.then_some(o.flush_threshold),
             l1_trick_pages: (o.l1_trick_pages > 0).then_some(o.l1_trick_pages),
             mapping_chunks: o.mapping_chunks,
+            lock_when_alone: o.shoot_lock_when_alone,
             shoot_lock: Cell::new(None),
             cookies: RefCell::new(Vec::new()),
             min_cookie: Cell::new(0),
@@ -105,6 +129,94 @@ impl Svr42 {
             began: RefCell::new(Vec::new()),
             round: Cell::new(0),
             counter: Cell::new(0),
+            asid_tlb: Cell::new(false),
+            asid_stale: RefCell::new(std::collections::BTreeMap::new()),
+            page_locks: RefCell::new(std::collections::BTreeMap::new()),
+        }
+    }
+
+    /// The frames whose mapping chains an update's unloads edit.
+    fn unloaded_pages(&self, sim: &Sim, u: &Update) -> Vec<u64> {
+        if u.change != Change::Remove {
+            return Vec::new();
+        }
+        let mut pfns = Vec::new();
+        sim.w()
+            .for_each_present(u.pmap, u.start, u.pages, |_, _, _, _, pte| {
+                pfns.push(pte.pfn().0)
+            });
+        pfns
+    }
+
+    /// Takes each page's spin lock to unlink its mapping-chunk entry (the
+    /// sim's pv lists were updated with the PTE; this is the lock and its
+    /// time).
+    async fn edit_chains(&self, sim: &Sim, me: CpuId, pfns: &[u64]) {
+        for &pfn in pfns {
+            let lock = {
+                let existing = self.page_locks.borrow().get(&pfn).copied();
+                match existing {
+                    Some(l) => l,
+                    None => {
+                        let l = sim.new_lock();
+                        sim.set_lock_class(l, mmulab_kernel::lockorder::LockClass::PageSpin);
+                        self.page_locks.borrow_mut().insert(pfn, l);
+                        l
+                    }
+                }
+            };
+            sim.lock(me, lock).await;
+            sim.unlock(me, lock).await;
+        }
+    }
+
+    /// Writing an address space's present user level-1 entries into (or
+    /// clearing them from) one CPU's directory copy.
+    fn l1_copy_cycles(&self, sim: &Sim, pmap: PmapId) -> Cycles {
+        let w = sim.w();
+        let fmt = w.cfg.pt_format;
+        let user_top = fmt.index(Vpn(mmulab_kernel::sim::KERNEL_BASE >> 12), 0);
+        let root = w.pmaps[pmap.0 as usize].root;
+        if !w.pmaps[pmap.0 as usize].alive {
+            return Cycles(0);
+        }
+        let n = w.mem.table(root)[..user_top]
+            .iter()
+            .filter(|&&e| Pte(e).present())
+            .count() as u64;
+        Cycles(w.cfg.costs.pte_write_cycles * n)
+    }
+
+    /// Flushes one address space's entries from `cpu`'s tagged TLB (no
+    /// kernel entry leaves: no restamp).
+    async fn asid_flush(&self, sim: &Sim, cpu: CpuId, pmap: PmapId) {
+        let c = {
+            let mut w = sim.w();
+            let asid = w.pmaps[pmap.0 as usize].asid;
+            w.cpus[cpu.index()].tlb.flush_asid(asid);
+            w.counters.add("svr42.asid_flushes", 1);
+            w.cfg.costs.tlb_flush_all_cycles
+        };
+        sim.delay(cpu, Cycles(c)).await;
+    }
+
+    /// With tagged TLBs, after an immediate shootdown on `pmap` that
+    /// reached `reached`: every other CPU flushes its entries before it
+    /// loads the address space again.
+    fn mark_stale(&self, sim: &Sim, pmap: PmapId, reached: &[CpuId], me: CpuId) {
+        if !self.asid_tlb.get() {
+            return;
+        }
+        let n = sim.w().cpus.len();
+        let mut stale = self.asid_stale.borrow_mut();
+        let set = stale
+            .entry(pmap.0)
+            .or_insert_with(|| mmulab_kernel::pmap::CpuSet::new(n));
+        for i in 0..n {
+            let c = CpuId(i as u16);
+            if c != me && !reached.contains(&c) {
+                set.insert(c);
+            }
         }
     }
 
@@ -133,6 +245,7 @@ impl Svr42 {
                 let c = sim.tlb_invalidate_range(cpu, u.pmap, u.start, u.pages, t);
                 sim.delay(cpu, c).await;
             }
+            _ if self.asid_tlb.get() => self.asid_flush(sim, cpu, u.pmap).await,
             _ => self.local_flush(sim, cpu).await,
         }
     }
@@ -241,8 +354,11 @@ impl Svr42 {
             let mut targets = Vec::new();
             let mut flush_me = false;
             for &c in &online {
+                // Tagged TLBs: one cookie; a shutdown that is needed at
+                // all flushes every online CPU.
                 let selected = match cookie {
                     Cookie::NoCookie => true,
+                    Cookie::Age(_) if self.asid_tlb.get() => true,
                     Cookie::Age(k) => self.older(cookies[c.index()], k),
                 };
                 if selected {
@@ -329,6 +445,29 @@ impl Svr42 {
             sim.set_ipl(me, saved);
             return;
         }
+        // Ablation: with no other CPU in the as (stable: joining takes
+        // the HAT lock we hold), skip the global lock and the interrupts.
+        let alone = !self.lock_when_alone && {
+            let w = sim.w();
+            w.pmaps[u.pmap.0 as usize]
+                .in_use
+                .iter()
+                .all(|c| c == me || !w.is_online(c))
+        };
+        if alone {
+            self.mark_stale(sim, u.pmap, &[], me);
+            let chains = self.unloaded_pages(sim, &u);
+            let edit = sim.w().pt_apply(me, &u);
+            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
+                .await;
+            self.range_flush(sim, me, &u).await;
+            self.edit_chains(sim, me, &chains).await;
+            sim.unlock_pmap(me, u.pmap).await;
+            sim.set_ipl(me, saved);
+            sim.delay(me, Cycles(costs.spl_cycles)).await;
+            sim.count("svr42.user.alone", 1);
+            return;
+        }
         // Step 1.
         sim.lock(me, self.lock_id()).await;
         // Step 2: interrupt the CPUs sharing this as; they spin.
@@ -340,6 +479,7 @@ impl Svr42 {
                 .filter(|&c| c != me && w.is_online(c))
                 .collect()
         };
+        self.mark_stale(sim, u.pmap, &targets, me);
         let release = self.counter.get() + 1;
         self.interrupt_and_wait(sim, me, &targets, Request::Immediate { release, update: u })
             .await;
@@ -361,17 +501,11 @@ impl Svr42 {
             }
             return;
         }
-        // Step 3: edit the level-2 PTEs. Each unloaded PTE leaves its
-        // page's mapping chain under the page's spin lock (§Examples of
-        // the Locking requirements, hat_unload).
+        // Step 3: edit the level-2 PTEs.
+        let chains = self.unloaded_pages(sim, &u);
         let edit = sim.w().pt_apply(me, &u);
-        let per_pte = costs.pte_write_cycles
-            + if u.change == Change::Remove {
-                costs.lock_cycles + costs.unlock_cycles
-            } else {
-                0
-            };
-        sim.delay(me, Cycles(per_pte * edit.changed)).await;
+        sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
+            .await;
         // Step 4: release the responders.
         self.counter.set(release);
         sim.delay(me, Cycles(costs.pte_write_cycles)).await;
@@ -379,6 +513,14 @@ impl Svr42 {
         self.range_flush(sim, me, &u).await;
         // Step 6: unlock without waiting for the responders' flushes.
         sim.unlock(me, self.lock_id()).await;
+        // Each unloaded PTE leaves its page's mapping chain under the
+        // page's spin lock (§Examples of the Locking requirements,
+        // hat_unload). The paper's order puts the page spin lock before
+        // the shootdown lock (segment → page sleep → HAT → page spin →
+        // shootdown) while its immediate algorithm edits in step 3 with
+        // the shootdown lock held: the chain edits are done here, after
+        // step 6, still under the HAT lock, which keeps the order.
+        self.edit_chains(sim, me, &chains).await;
         sim.unlock_pmap(me, u.pmap).await;
         sim.set_ipl(me, saved);
         sim.delay(me, Cycles(costs.spl_cycles)).await;
@@ -432,7 +574,11 @@ impl Svr42 {
         .await;
         self.counter.set(release);
         sim.delay(me, Cycles(costs.pte_write_cycles)).await;
-        self.local_flush(sim, me).await;
+        if self.asid_tlb.get() {
+            self.asid_flush(sim, me, u.pmap).await;
+        } else {
+            self.local_flush(sim, me).await;
+        }
         sim.unlock(me, self.lock_id()).await;
         let per_pte = costs.pte_write_cycles
             + if u.change == Change::Remove {
@@ -480,18 +626,26 @@ impl Protocol for Svr42 {
             Mutation::NoCookieCheck => "svr42-no-cookie-check",
             Mutation::NonStrictTick => "svr42-nonstrict-tick",
             Mutation::NoSpin => "svr42-no-spin",
+            Mutation::SegmapNoShutdown => "svr42-segmap-no-shutdown",
+            Mutation::PageoutNoSeize => "svr42-pageout-no-seize",
         }
     }
 
     /// `hat_online` for every CPU at boot: its TLB is empty (flushed) at
     /// lbolt 0.
     fn init(&self, sim: &Sim) {
-        self.shoot_lock.set(Some(sim.new_lock()));
+        let lock = sim.new_lock();
+        sim.set_lock_class(lock, mmulab_kernel::lockorder::LockClass::Shootdown);
+        self.shoot_lock.set(Some(lock));
         let n = sim.w().cpus.len();
         *self.cookies.borrow_mut() = vec![0; n];
         *self.requests.borrow_mut() = vec![None; n];
         *self.began.borrow_mut() = vec![0; n];
         self.min_cookie.set(0);
+        self.asid_tlb.set(sim.w().cpus[0].tlb.config().asid);
+        let mut w = sim.w();
+        w.segmap.control_skip_shutdown = self.mutation == Mutation::SegmapNoShutdown;
+        w.pageout.control_no_seize = self.mutation == Mutation::PageoutNoSeize;
     }
 
     /// The cross-processor interrupt sits above splhi (§Lazy Shutdown
@@ -507,6 +661,30 @@ impl Protocol for Svr42 {
             } else {
                 self.immediate(sim, cpu, u).await;
             }
+        })
+    }
+
+    /// `hat_memload`: a rights increase, no shootdown, under the as's HAT
+    /// lock; its caller may hold no spin lock (checked).
+    fn enter<'a>(
+        &'a self,
+        sim: &'a Sim,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: mmulab_machine::Pfn,
+        writable: bool,
+    ) -> KFuture<'a> {
+        Box::pin(async move {
+            sim.check_no_spin_lock(cpu, "hat_memload");
+            // "In all these operations, the HAT resource lock is acquired
+            // by the HAT layer" (§Examples of the Locking requirements).
+            let saved = sim.set_ipl(cpu, Ipl::HIGH);
+            sim.lock_pmap(cpu, pmap).await;
+            let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
+            sim.delay(cpu, c).await;
+            sim.unlock_pmap(cpu, pmap).await;
+            sim.set_ipl(cpu, saved);
         })
     }
 
@@ -558,9 +736,34 @@ impl Protocol for Svr42 {
                 w.pmaps[pmap.0 as usize].in_use.insert(cpu);
                 w.cpus[cpu.index()].pmap = Some(pmap);
             }
+            // "loads this address space into the MMU (just the level 1
+            // page table entries on the i386)": each CPU has its own
+            // directory, kernel entries shared, the user entries copied
+            // in here (a cost: the simulated MMU walks the address space's
+            // own directory).
+            let c = self.l1_copy_cycles(sim, pmap);
+            sim.delay(cpu, c).await;
             sim.unlock_pmap(cpu, pmap).await;
             sim.set_ipl(cpu, saved);
-            self.local_flush(sim, cpu).await;
+            if self.asid_tlb.get() {
+                // §Other Architectures: "It is unnecessary to flush the
+                // TLB on context switches" -- unless a shootdown this CPU
+                // was not part of left its entries stale.
+                let stale = self
+                    .asid_stale
+                    .borrow_mut()
+                    .get_mut(&pmap.0)
+                    .is_some_and(|s| {
+                        let had = s.contains(cpu);
+                        s.remove(cpu);
+                        had
+                    });
+                if stale {
+                    self.asid_flush(sim, cpu, pmap).await;
+                }
+            } else {
+                self.local_flush(sim, cpu).await;
+            }
         })
     }
 
@@ -569,6 +772,11 @@ impl Protocol for Svr42 {
     fn deactivate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
         Box::pin(async move {
             sim.unload_pmap(cpu, pmap);
+            // "unloads the MMU mappings for this process (again, just the
+            // level 1 translations on the i386)": clear the user entries
+            // of this CPU's directory copy.
+            let c = self.l1_copy_cycles(sim, pmap);
+            sim.delay(cpu, c).await;
         })
     }
 

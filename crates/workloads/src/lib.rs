@@ -47,6 +47,14 @@ pub enum WorkloadSpec {
     Balan92Shootdown(balan92::ShootdownSpec),
     /// balan92 §Lazy Shutdowns: segkmem allocate/free churn.
     KmemChurn(balan92::KmemChurnSpec),
+    /// balan92 §Lazy Shutdowns: file reads and writes through segmap.
+    FileIo(balan92::FileIoSpec),
+    /// balan92 §Pageout: working-set aging, local or global.
+    PageoutAging(balan92::PageoutAgingSpec),
+    /// balan92 Fig. 4: concurrent fork/exec/exit benchmark copies.
+    ForkBench(balan92::ForkBenchSpec),
+    /// balan92 §Analysis: concurrent page faults, across or within processes.
+    FaultStorm(balan92::FaultStormSpec),
 }
 
 impl WorkloadSpec {
@@ -60,6 +68,10 @@ impl WorkloadSpec {
             WorkloadSpec::Camelot(s) => Box::new(apps::Camelot::new(s.clone())),
             WorkloadSpec::Balan92Shootdown(s) => Box::new(balan92::Shootdown::new(s.clone())),
             WorkloadSpec::KmemChurn(s) => Box::new(balan92::KmemChurn::new(s.clone())),
+            WorkloadSpec::FileIo(s) => Box::new(balan92::FileIo::new(s.clone())),
+            WorkloadSpec::PageoutAging(s) => Box::new(balan92::PageoutAging::new(s.clone())),
+            WorkloadSpec::ForkBench(s) => Box::new(balan92::ForkBench::new(s.clone())),
+            WorkloadSpec::FaultStorm(s) => Box::new(balan92::FaultStorm::new(s.clone())),
         }
     }
 
@@ -74,6 +86,10 @@ impl WorkloadSpec {
             WorkloadSpec::Camelot(s) => s.validate(cpus),
             WorkloadSpec::Balan92Shootdown(s) => s.validate(cpus),
             WorkloadSpec::KmemChurn(s) => s.validate(cpus),
+            WorkloadSpec::FileIo(s) => s.validate(cpus),
+            WorkloadSpec::PageoutAging(s) => s.validate(cpus),
+            WorkloadSpec::ForkBench(s) => s.validate(cpus),
+            WorkloadSpec::FaultStorm(s) => s.validate(cpus),
         }
     }
 
@@ -98,6 +114,22 @@ impl WorkloadSpec {
             (
                 "kmem-churn",
                 "balan92 §Lazy Shutdowns: allocate and free kernel memory of mixed sizes (segkmem zones)",
+            ),
+            (
+                "file-io",
+                "balan92 §Lazy Shutdowns: file reads and writes through segmap chunks, with its aging daemon",
+            ),
+            (
+                "pageout-aging",
+                "balan92 §Pageout: LWPs store into their working sets while the pageout daemon ages the process",
+            ),
+            (
+                "fork-bench",
+                "balan92 Fig. 4: k concurrent copies of fork/exit, fork/exec/exit or fork/sbrk/exit over bss sizes",
+            ),
+            (
+                "fault-storm",
+                "balan92 §Analysis: concurrent zero-fill faults in different processes or among one process's LWPs",
             ),
         ]
     }
