@@ -99,6 +99,27 @@ enum DsmCommand {
         #[arg(long)]
         name: String,
     },
+    /// Run an unmodified program on a site: LD_PRELOAD=libmmulab_shm.so
+    /// routes its shmget/shmat/shmdt/shmctl to the site's daemon.
+    Run {
+        /// The cluster file.
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+        /// The site whose daemon serves the program (default: the first).
+        #[arg(long)]
+        site: Option<String>,
+        /// The program and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// A site daemon's view: sites, segments mapped there, shmids.
+    Status {
+        #[arg(long, default_value = "cluster.toml")]
+        config: PathBuf,
+        /// The site to ask (default: the first).
+        #[arg(long)]
+        site: Option<String>,
+    },
     /// Remote-fault latency against the loopback limit, ping-pong and
     /// read-writer sweeps (two sites in this process).
     Bench {
@@ -496,9 +517,24 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Trace(t) => trace_cmd::run(t),
+        Command::Dsm(DsmCommand::Run { config, site, argv }) => {
+            let code = mmulab_mirage::runtime::cli::run_program(
+                &config,
+                site.as_deref(),
+                &argv,
+                &mut |m| eprintln!("{m}"),
+            )
+            .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
+            Ok(ExitCode::from(code.clamp(0, 255) as u8))
+        }
+        Command::Dsm(DsmCommand::Status { config, site }) => {
+            let text = mmulab_mirage::runtime::cli::status(&config, site.as_deref())
+                .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Dsm(DsmCommand::Site { config, name }) => {
-            // The daemon runs until the process is killed; a clean stop
-            // (checking pages back in) is not implemented yet.
+            // The daemon runs until SIGINT/SIGTERM (caught by run_site).
             static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
             mmulab_mirage::runtime::cli::run_site(&config, &name, &STOP, &mut |m| eprintln!("{m}"))
                 .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
@@ -517,6 +553,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let mut t = Table::new(&["preset", "models", "inputs from"]);
             for p in mmulab_experiment::preset::all() {
                 t.row(vec![p.name, p.about, p.source]);
+            }
+            for (name, about, source) in mmulab_experiment::reproduce::uhlig94::presets() {
+                t.row(vec![name, about, source]);
             }
             print!("{}", t.render());
             println!();
