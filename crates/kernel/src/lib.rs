@@ -15,10 +15,13 @@
 //! * [`program`] — what a simulated thread runs.
 //! * [`segkmem`] — balan92's kernel memory segment driver: a bitmap in
 //!   zones, each with the cookie of its last free.
+//! * [`memory`] — the cache hierarchy (romanescu10) behind the walker and
+//!   the hot path when a spec asks for one; flat memory otherwise.
 //! * [`costs`] — every cost the model charges, in cycles (a preset's input).
 
 pub mod costs;
 pub mod cpu;
+pub mod memory;
 pub mod pmap;
 pub mod program;
 pub mod sched;
