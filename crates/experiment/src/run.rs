@@ -45,6 +45,7 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
             segkmem_pages: spec.kernel.segkmem_pages,
             segkmem_zone_bytes: spec.kernel.segkmem_zone_bytes,
         },
+        memory: spec.memory.clone(),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod apps;
 pub mod balan92;
 pub mod bench;
 pub mod random;
+pub mod romanescu10;
 pub mod tester;
 
 use std::collections::BTreeMap;
@@ -47,6 +48,10 @@ pub enum WorkloadSpec {
     Balan92Shootdown(balan92::ShootdownSpec),
     /// balan92 §Lazy Shutdowns: segkmem allocate/free churn.
     KmemChurn(balan92::KmemChurnSpec),
+    /// romanescu10 Table 2: single/multiple cow/unmap.
+    UnitdMicro(romanescu10::MicroSpec),
+    /// romanescu10 §6.3's real benchmarks, as labelled stand-ins.
+    UnitdApp(romanescu10::AppSpec),
 }
 
 impl WorkloadSpec {
@@ -60,6 +65,8 @@ impl WorkloadSpec {
             WorkloadSpec::Camelot(s) => Box::new(apps::Camelot::new(s.clone())),
             WorkloadSpec::Balan92Shootdown(s) => Box::new(balan92::Shootdown::new(s.clone())),
             WorkloadSpec::KmemChurn(s) => Box::new(balan92::KmemChurn::new(s.clone())),
+            WorkloadSpec::UnitdMicro(s) => Box::new(romanescu10::Micro::new(s.clone())),
+            WorkloadSpec::UnitdApp(s) => Box::new(romanescu10::AppWorkload::new(s.clone())),
         }
     }
 
@@ -74,6 +81,8 @@ impl WorkloadSpec {
             WorkloadSpec::Camelot(s) => s.validate(cpus),
             WorkloadSpec::Balan92Shootdown(s) => s.validate(cpus),
             WorkloadSpec::KmemChurn(s) => s.validate(cpus),
+            WorkloadSpec::UnitdMicro(s) => s.validate(cpus),
+            WorkloadSpec::UnitdApp(s) => s.validate(cpus),
         }
     }
 
@@ -94,6 +103,14 @@ impl WorkloadSpec {
             (
                 "balan92-shootdown",
                 "balan92 Figs. 1-3: hat_shutdown (basic, lazy) or a one-page unmap (immediate) while the other CPUs spin",
+            ),
+            (
+                "unitd-micro",
+                "romanescu10 Table 2: parse a 50 MB mapped file, COW-store or unmap every N-th page (single or multiple initiators)",
+            ),
+            (
+                "unitd-app",
+                "romanescu10 §6.3 stand-ins: swaptions, pca, string_match, small wordcount (synthetic, labelled)",
             ),
             (
                 "kmem-churn",
