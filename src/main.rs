@@ -58,12 +58,17 @@ enum Command {
         /// References per thread (the fixed workload uses 2,000,000).
         #[arg(long, default_value_t = 2_000_000)]
         refs_per_thread: u64,
+        /// `foundation`: flat memory, protocol global; `unitd`: the same
+        /// workload on preset x86-simics-2010 (caches, directory, MOSI
+        /// checker), protocol unitd.
+        #[arg(long, default_value = "foundation")]
+        workload: String,
         #[arg(long)]
         json: bool,
     },
     /// Reproduce a paper's evaluation: paper vs mmulab, side by side.
     Reproduce {
-        /// black89, balan92, uhlig94 or fleisch89.
+        /// black89, balan92, uhlig94, romanescu10 or fleisch89.
         paper: String,
         /// Write DIR/reproduce-PAPER.json and the figures as SVG.
         #[arg(long, value_name = "DIR")]
@@ -287,10 +292,24 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Bench {
             runs,
             refs_per_thread,
+            workload,
             json,
         } => {
             let sets = vec![format!("workload.refs_per_thread={refs_per_thread}")];
-            let spec = Spec::parse(BENCH_SPEC, &sets, "bench")?;
+            let (text, about) = match workload.as_str() {
+                "foundation" => (
+                    BENCH_SPEC,
+                    "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
+                ),
+                "unitd" => (
+                    BENCH_UNITD_SPEC,
+                    "bench on x86-simics-2010: 16 cores, L1/L2 MOSI directory, PCAMs and Jetty, MOSI checker and oracle on, protocol unitd, mprotect every 100,000 refs",
+                ),
+                other => anyhow::bail!(
+                    "bench --workload: unknown workload `{other}` (foundation, unitd)"
+                ),
+            };
+            let spec = Spec::parse(text, &sets, "bench")?;
             let mut rates = Vec::new();
             let pb = bar(runs as u64, "bench");
             for i in 0..runs {
@@ -308,7 +327,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 "refs_per_second": median,
                 "samples": rates,
                 "runs": runs,
-                "workload": "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
+                "workload": about,
                 "machine": mmulab_experiment::run::machine_description(),
                 "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
             });
@@ -348,6 +367,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     out.as_deref(),
                     &|m| eprintln!("{m}"),
                 )?,
+                "romanescu10" => mmulab_experiment::reproduce::romanescu10::reproduce(
+                    &dir,
+                    quick,
+                    out.as_deref(),
+                    &|m| eprintln!("{m}"),
+                )?,
                 "fleisch89" => {
                     let report =
                         mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
@@ -368,7 +393,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 other => {
                     return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89, balan92, uhlig94, fleisch89)"
+                        "reproduce: unknown paper `{other}` (available: black89, balan92, uhlig94, romanescu10, fleisch89)"
                     ))
                     .into());
                 }
@@ -583,6 +608,23 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// The fixed speed workload (foundation issue, "Speed").
 const BENCH_SPEC: &str = r#"
 protocol = "global"
+seed = 1
+[machine]
+cpus = 16
+memory_mb = 256
+[workload]
+kind = "bench"
+threads = 16
+private_pages = 256
+shared_pages = 64
+mprotect_every = 100000
+"#;
+
+/// `mmulab bench --workload unitd` (romanescu10 issue, "Speed"): the
+/// foundation's workload on romanescu10's machine.
+const BENCH_UNITD_SPEC: &str = r#"
+protocol = "unitd"
+preset = "x86-simics-2010"
 seed = 1
 [machine]
 cpus = 16

@@ -471,3 +471,120 @@ fn dsm_run_pingpong_in_c_on_two_sites() {
     assert!(stderr(&out).contains("site a stopped"), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// romanescu10: a small single_unmap on the x86-simics-2010 machine.
+fn unitd_spec(dir: &std::path::Path, protocol: &str) -> PathBuf {
+    let p = dir.join("unitd.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "protocol = \"{protocol}\"\npreset = \"x86-simics-2010\"\n\
+             [machine]\ncpus = 4\n\
+             [memory.interconnect]\nkind = \"directory\"\nmesh_cols = 2\nmesh_rows = 2\nhop_cycles = 2\ndir_cycles = 6\n\
+             [workload]\nkind = \"unitd-micro\"\nop = \"unmap\"\nfile_pages = 400\nshootdowns = 100\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn unitd_runs_consistent_deterministic_and_faster_than_linux() {
+    let d = tmp("unitd");
+    let mut runtime = std::collections::BTreeMap::new();
+    for protocol in ["linux", "unitd", "ideal"] {
+        let spec = unitd_spec(&d, protocol);
+        let mut outs = Vec::new();
+        for _ in 0..2 {
+            let o = mmulab(&["run", spec.to_str().unwrap(), "--json"]);
+            assert!(o.status.success(), "{protocol}: {}", stderr(&o));
+            let mut r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(r["oracle"]["verdict"], "consistent", "{protocol}: {r}");
+            assert_eq!(r["workload"]["verdict"], "consistent", "{protocol}");
+            assert_eq!(r["counters"]["mem.checker_violations"], 0, "{protocol}");
+            r.as_object_mut().unwrap().remove("host");
+            outs.push(r);
+        }
+        assert_eq!(outs[0], outs[1], "{protocol}: same spec and seed differ");
+        runtime.insert(
+            protocol,
+            outs[0]["workload"]["figures"]["runtime_cycles"]
+                .as_f64()
+                .unwrap(),
+        );
+        let c = &outs[0]["counters"];
+        match protocol {
+            "linux" => assert_eq!(c["shootdown.user.events"], 100),
+            "unitd" => {
+                assert!(
+                    c.get("shootdown.user.events").is_none(),
+                    "unitd shoots down"
+                );
+                assert!(c["mem.pcam_hits"].as_u64().unwrap() > 0, "no PCAM hit: {c}");
+                assert!(c["mem.jetty_filtered"].as_u64().unwrap() > 0, "Jetty idle");
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        runtime["unitd"] < runtime["linux"],
+        "UNITD should beat the shootdown baseline: {runtime:?}"
+    );
+}
+
+#[test]
+fn unitd_check_passes_and_every_broken_variant_is_caught() {
+    for p in ["unitd", "ideal", "linux"] {
+        let o = mmulab(&["check", "--protocol", p, "--seeds", "60", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{p}: {}", stdout(&o));
+    }
+    for p in [
+        "unitd-no-pcam",
+        "unitd-snoop-skips-pcam",
+        "unitd-no-self-snoop",
+        "unitd-directory-forgets-tlb",
+        "unitd-jetty-misses-insert",
+        "unitd-ack-before-invalidate",
+        "unitd-upper-level-only",
+    ] {
+        let o = mmulab(&["check", "--protocol", p, "--seeds", "60", "--json"]);
+        assert_eq!(o.status.code(), Some(1), "{p} was not caught");
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(r["violations"].as_u64().unwrap() > 0, "{p}: {r}");
+    }
+}
+
+#[test]
+fn unitd_spec_errors_exit_2_and_name_the_key() {
+    let d = tmp("unitd-bad");
+    let spec = unitd_spec(&d, "unitd");
+    let s = spec.to_str().unwrap();
+    // unitd on flat memory (no [memory] table, no preset giving one).
+    let flat = d.join("flat.toml");
+    std::fs::write(
+        &flat,
+        "protocol = \"unitd\"\n[workload]\nkind = \"unitd-micro\"\nop = \"unmap\"\nfile_pages = 400\n",
+    )
+    .unwrap();
+    let o = mmulab(&["run", flat.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("protocol"), "{}", stderr(&o));
+    let cases: &[(&[&str], &str)] = &[
+        (&["memory.l1d.size_bytes=100000"], "memory.l1d"),
+        (&["memory.l2.block_bytes=128"], "memory.l"),
+        (&["memory.pcam_entries=32"], "memory.pcam_entries"),
+        (&["machine.cpus=8"], "memory.interconnect"),
+        (&["workload.shootdowns=401"], "workload.shootdowns"),
+        (&["memory.bogus=1"], "bogus"),
+    ];
+    for (sets, key) in cases {
+        let mut args = vec!["run", s];
+        for set in *sets {
+            args.push("--set");
+            args.push(set);
+        }
+        let o = mmulab(&args);
+        assert_eq!(o.status.code(), Some(2), "{sets:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(key), "{sets:?}: {}", stderr(&o));
+    }
+}

@@ -121,7 +121,57 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             );
         }
     }
+    if uses_memory(protocol) && (protocol != "linux" || r.chance(0.5)) {
+        // romanescu10: a cache hierarchy drawn from the seed, from tiny
+        // (constant writebacks, L2 recalls of PTE blocks held by TLBs) to
+        // roomy, over snooping or a directory, MOSI or MOESI, with the
+        // Jetty filter on or off; sometimes the 3-level PAE walk.
+        // Drawn after every other parameter, so the swarm of the other
+        // protocols is unchanged.
+        let l1_sets = *r.pick(&[2u64, 4, 16, 64]);
+        let l1_ways = *r.pick(&[1u64, 2, 4]);
+        let l2_sets = l1_sets * *r.pick(&[1u64, 4, 16]);
+        let l2_ways = *r.pick(&[2u64, 4, 8]);
+        let proto = *r.pick(&["mosi", "moesi"]);
+        let jetty = r.chance(0.5);
+        let net = if r.chance(0.5) {
+            "kind = \"snooping\"\ntree_hop_cycles = 2\n".to_string()
+        } else {
+            format!(
+                "kind = \"directory\"\nmesh_cols = {cpus}\nmesh_rows = 1\nhop_cycles = 2\ndir_cycles = 6\n"
+            )
+        };
+        if r.chance(0.3) {
+            text = text.replace(
+                &format!("page_table = \"{page_table}\""),
+                "page_table = \"pae\"",
+            );
+        }
+        // Regions large enough to hold whole page-table pages, so that
+        // unmaps remove tables by their upper-level entry (§4.1).
+        if r.chance(0.5) {
+            text = text.replace(
+                "kind = \"random\"\n",
+                "kind = \"random\"\nmax_region_pages = 1100\n",
+            );
+        }
+        text.push_str(&format!(
+            "[memory]\nprotocol = \"{proto}\"\njetty = {jetty}\npcam_entries = {entries}\n\
+             [memory.l1i]\nsize_bytes = {}\nways = {l1_ways}\nblock_bytes = 64\nlatency_cycles = 1\n\
+             [memory.l1d]\nsize_bytes = {}\nways = {l1_ways}\nblock_bytes = 64\nlatency_cycles = 1\n\
+             [memory.l2]\nsize_bytes = {}\nways = {l2_ways}\nblock_bytes = 64\nlatency_cycles = 6\n\
+             [memory.interconnect]\n{net}",
+            l1_sets * l1_ways * 64,
+            l1_sets * l1_ways * 64,
+            l2_sets * l2_ways * 64,
+        ));
+    }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
+}
+
+/// Protocols of romanescu10, whose swarm draws a cache hierarchy.
+fn uses_memory(protocol: &str) -> bool {
+    protocol == "linux" || protocol == "ideal" || protocol.starts_with("unitd")
 }
 
 #[derive(Clone, Debug, Serialize)]

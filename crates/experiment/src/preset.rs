@@ -30,6 +30,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "sequent-symmetry-1992",
         include_str!("../../../presets/sequent-symmetry-1992.toml"),
     ),
+    (
+        "x86-simics-2010",
+        include_str!("../../../presets/x86-simics-2010.toml"),
+    ),
 ];
 
 fn parse(text: &str, origin: &str) -> Result<Preset, SpecError> {

@@ -50,6 +50,7 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
             pageout_global: spec.kernel.pageout_global,
             segkmem_first_fit: spec.kernel.segkmem_first_fit,
         },
+        memory: spec.memory.clone(),
     }
 }
 

@@ -51,6 +51,10 @@ pub struct Spec {
     pub protocol_options: ProtocolOptionsSpec,
     #[serde(default)]
     pub costs: Costs,
+    /// The cache hierarchy behind the walker and references (romanescu10
+    /// Table 1); absent = flat memory. `unitd` and `ideal` need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<mmulab_memsys::MemConfig>,
     pub workload: WorkloadSpec,
 }
 
@@ -234,11 +238,18 @@ pub fn set_path(root: &mut toml::Table, key: &str, value: Value) -> Result<(), S
     Ok(())
 }
 
-/// Deep merge: `over` wins, tables merge recursively.
+/// Deep merge: `over` wins, tables merge recursively — except a tagged
+/// table (one with a `kind`) whose kind changes, which replaces the old
+/// one whole (a preset's directory interconnect does not lend its mesh
+/// keys to a snooping one).
 pub fn merge(base: &mut toml::Table, over: toml::Table) {
     for (k, v) in over {
         match (base.get_mut(&k), v) {
-            (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),
+            (Some(Value::Table(b)), Value::Table(o))
+                if o.get("kind").is_none() || o.get("kind") == b.get("kind") =>
+            {
+                merge(b, o)
+            }
             (_, v) => {
                 base.insert(k, v);
             }
@@ -386,7 +397,30 @@ impl Spec {
                 m.memory_mb
             )));
         }
+        self.validate_memory()?;
         self.workload.validate(m.cpus).map_err(invalid)?;
+        Ok(())
+    }
+
+    /// The `[memory]` table against the machine and the protocol.
+    fn validate_memory(&self) -> Result<(), SpecError> {
+        let entry = mmulab_protocols::find(&self.protocol).expect("checked above");
+        let hw = (entry.make)(&mmulab_protocols::ProtocolOptions::default()).tlb_hardware();
+        let Some(mem) = &self.memory else {
+            if hw != mmulab_kernel::memory::TlbHardware::Software {
+                return Err(invalid(format!(
+                    "protocol: `{}` needs a cache hierarchy; add a [memory] table or use preset = \"x86-simics-2010\" (memory is flat)",
+                    self.protocol
+                )));
+            }
+            return Ok(());
+        };
+        let mut mem = mem.clone();
+        // The simulator sets the core count from the machine.
+        mem.cores = self.machine.cpus;
+        mem.validate("memory").map_err(invalid)?;
+        mem.validate_against_tlb("memory", self.machine.tlb.entries, self.machine.tlb.ways)
+            .map_err(invalid)?;
         Ok(())
     }
 

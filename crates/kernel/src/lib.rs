@@ -21,11 +21,14 @@
 //!   shootdown) or SVR4's global daemon (a shootdown per clear).
 //! * [`lockorder`] — balan92 §Locking Design: lock classes, the order
 //!   checker (always on) and per-class contention counts.
+//! * [`memory`] — the cache hierarchy (romanescu10) behind the walker and
+//!   the hot path when a spec asks for one; flat memory otherwise.
 //! * [`costs`] — every cost the model charges, in cycles (a preset's input).
 
 pub mod costs;
 pub mod cpu;
 pub mod lockorder;
+pub mod memory;
 pub mod pageout;
 pub mod pmap;
 pub mod program;

@@ -93,6 +93,9 @@ pub struct Update {
 pub struct PtEdit {
     /// PTEs whose value changed.
     pub changed: u64,
+    /// Latency of those PTE stores through the cache hierarchy (0 on flat
+    /// memory, where protocols charge `pte_write_cycles` per change).
+    pub mem_cycles: Cycles,
 }
 
 /// A translation-coherence mechanism behind the pmap/HAT interface.
@@ -106,6 +109,13 @@ pub trait Protocol {
 
     /// Called once before the run: set up per-CPU state.
     fn init(&self, _sim: &Sim) {}
+
+    /// The TLB-coherence hardware this protocol assumes: software
+    /// shootdowns (the default), UNITD, or ideal invalidation
+    /// (romanescu10). Anything but `Software` needs a `[memory]` hierarchy.
+    fn tlb_hardware(&self) -> crate::memory::TlbHardware {
+        crate::memory::TlbHardware::Software
+    }
 
     /// The level of this protocol's consistency interrupt.
     fn interrupt_level(&self) -> Ipl {
@@ -261,6 +271,8 @@ impl World {
         let op = self.cpus[cpu.index()].op;
         let space = u.pmap.0;
         let mut changed = 0;
+        let mut mem_cycles = Cycles(0);
+        let fmt = self.cfg.pt_format;
         self.for_each_present(u.pmap, u.start, u.pages, |w, vpn, table, index, pte| {
             let new = match u.change {
                 Change::Remove => Pte(0),
@@ -269,6 +281,9 @@ impl World {
             };
             if new != pte {
                 w.mem.table_mut(table)[index] = new.0;
+                // With caches the edit is a store: under UNITD it performs
+                // only once every TLB copy is invalidated (§5.3.2).
+                mem_cycles += w.pte_store(cpu, fmt.pte_pa(table, index));
                 let slot = w.oracle.slot(space, vpn);
                 w.oracle.record_pte(slot, rights_of(new), op);
                 if !new.present() {
@@ -277,7 +292,96 @@ impl World {
                 changed += 1;
             }
         });
-        PtEdit { changed }
+        PtEdit {
+            changed,
+            mem_cycles,
+        }
+    }
+
+    /// Removes the whole last-level tables inside `u`'s range by clearing
+    /// the upper-level entry that points at each (a range unmap the way a
+    /// kernel frees page-table pages), and returns what it did. romanescu10
+    /// §4.1: a translation is tagged with its *last-level* PTE, so a change
+    /// to an upper-level entry must reach the PTEs under it: with
+    /// `push_down` every present PTE is cleared by a store first (under
+    /// UNITD each store invalidates the TLB copies) and the emptied table is
+    /// freed. Without it only the upper entry changes (a negative control:
+    /// the stale entries survive). Partial tables at the ends of the range
+    /// are left to [`World::pt_apply`]; the returned ranges are those.
+    pub fn pt_remove_tables(
+        &mut self,
+        cpu: CpuId,
+        u: &Update,
+        push_down: bool,
+    ) -> (PtEdit, Vec<(Vpn, u64)>) {
+        debug_assert_eq!(u.change, Change::Remove);
+        let fmt = self.cfg.pt_format;
+        let upper = fmt.levels() - 2;
+        let span = fmt.pages_per_entry(upper);
+        let op = self.cpus[cpu.index()].op;
+        let root = self.pmaps[u.pmap.0 as usize].root;
+        let (start, end) = (u.start.0, u.start.0 + u.pages);
+        let first = start.div_ceil(span) * span;
+        let mut edit = PtEdit::default();
+        let mut rest = Vec::new();
+        if first >= end || end - first < span {
+            rest.push((u.start, u.pages));
+            return (edit, rest);
+        }
+        let last = end / span * span;
+        if first > start {
+            rest.push((u.start, first - start));
+        }
+        if last < end {
+            rest.push((Vpn(last), end - last));
+        }
+        let mut v = first;
+        while v < last {
+            let wk = walk(&self.mem, fmt, root, Vpn(v));
+            if (wk.levels_read as usize) < fmt.levels() {
+                // No last-level table here.
+                v += span;
+                continue;
+            }
+            let pde_pa = wk.path[upper];
+            let pde_table = Pfn(pde_pa >> fmt.page_shift());
+            let pde_index = ((pde_pa & ((1 << fmt.page_shift()) - 1)) / fmt.pte_bytes()) as usize;
+            let pde = Pte(self.mem.table(pde_table)[pde_index]);
+            if pde.present() {
+                let leaf = pde.pfn();
+                for i in 0..fmt.entries(fmt.levels() - 1) {
+                    let pte = Pte(self.mem.table(leaf)[i]);
+                    if !pte.present() {
+                        continue;
+                    }
+                    let vpn = Vpn(v + i as u64);
+                    if push_down {
+                        self.mem.table_mut(leaf)[i] = 0;
+                        edit.mem_cycles += self.pte_store(cpu, fmt.pte_pa(leaf, i));
+                    }
+                    let slot = self.oracle.slot(u.pmap.0, vpn);
+                    self.oracle.record_pte(slot, Rights::NONE, op);
+                    self.pv_remove(pte.pfn(), u.pmap, vpn);
+                    edit.changed += 1;
+                }
+                self.mem.table_mut(pde_table)[pde_index] = 0;
+                edit.mem_cycles += self.pte_store(cpu, pde_pa);
+                edit.changed += 1;
+                if push_down {
+                    // Emptied by the stores above: free it now.
+                    let tables = &mut self.pmaps[u.pmap.0 as usize].tables;
+                    let at = tables
+                        .iter()
+                        .position(|&t| t == leaf)
+                        .expect("the pmap's table");
+                    tables.swap_remove(at);
+                    self.mem.free(leaf);
+                }
+                self.counters.add("pmap.tables_removed", 1);
+            }
+            v += span;
+        }
+        (edit, rest)
     }
 
     fn pv_remove(&mut self, pfn: Pfn, pmap: PmapId, vpn: Vpn) {
@@ -339,12 +443,13 @@ impl Sim {
             new = new.with(old.0 & (Pte::REFERENCED | Pte::MODIFIED));
         }
         w.mem.table_mut(table)[index] = new.0;
+        let store = w.pte_store(cpu, fmt.pte_pa(table, index));
         let slot = w.oracle.slot(pmap.0, vpn);
         w.oracle.record_pte(slot, rights_of(new), op);
         if !old.present() {
             w.pv.entry(pfn.0).or_default().push((pmap, vpn));
         }
-        Cycles(costs.pte_write_cycles * (1 + n_new) + costs.mem_cycles * n_new)
+        Cycles(costs.pte_write_cycles * (1 + n_new) + costs.mem_cycles * n_new) + store
     }
 
     /// Loads `pmap` on `cpu` (CR3 load): marks it in use and, without
@@ -359,6 +464,7 @@ impl Sim {
             Cycles(0)
         } else {
             c.tlb.flush_non_global();
+            w.pcam_sync(cpu);
             Cycles(flush)
         }
     }
@@ -390,14 +496,37 @@ impl Sim {
         if pages > threshold {
             tlb.flush_all();
             w.counters.add("tlb.full_flushes", 1);
+            w.pcam_sync(cpu);
             Cycles(costs.tlb_flush_all_cycles)
         } else {
             for v in start.0..start.0 + pages {
                 tlb.invalidate_page(Vpn(v), Some(asid));
             }
             w.counters.add("tlb.entry_invalidations", pages);
+            w.pcam_sync(cpu);
             Cycles(costs.tlb_flush_entry_cycles * pages)
         }
+    }
+
+    /// Flushes `cpu`'s non-global TLB entries (an x86 CR3 reload with
+    /// global pages kept). Returns the cost.
+    pub fn tlb_flush_user(&self, cpu: CpuId) -> Cycles {
+        let mut w = self.w();
+        let c = w.cfg.costs.tlb_flush_all_cycles;
+        w.cpus[cpu.index()].tlb.flush_non_global();
+        w.counters.add("tlb.full_flushes", 1);
+        w.pcam_sync(cpu);
+        Cycles(c)
+    }
+
+    /// True when `cpu`'s current VM operation is the one named `what`
+    /// (protocols that flush differently per event, like Linux's
+    /// `flush_tlb_page` for a copy-on-write break).
+    pub fn current_op_is(&self, cpu: CpuId, what: &str) -> bool {
+        let w = self.w();
+        w.cpus[cpu.index()]
+            .op
+            .is_some_and(|op| w.oracle.op(op).what == what)
     }
 
     /// Flushes `cpu`'s whole TLB. Returns the cost.
@@ -406,6 +535,7 @@ impl Sim {
         let c = w.cfg.costs.tlb_flush_all_cycles;
         w.cpus[cpu.index()].tlb.flush_all();
         w.counters.add("tlb.full_flushes", 1);
+        w.pcam_sync(cpu);
         Cycles(c)
     }
 }

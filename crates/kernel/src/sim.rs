@@ -24,7 +24,10 @@ use std::task::{Context, Poll};
 
 use mmulab_engine::{Counters, Cycles, EventQueue, Histogram, SimRng};
 use mmulab_machine::oracle::{OracleReport, UseCtx};
-use mmulab_machine::pagetable::walk;
+use mmulab_machine::pagetable::{Walk, walk};
+use mmulab_memsys::AccessKind;
+
+use crate::memory::TlbHardware;
 use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn};
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +77,9 @@ pub struct SimConfig {
     pub trap_disabled_mean_cycles: u64,
     /// Kernel parameters: the clock tick and the kernel segment drivers.
     pub kernel: KernelParams,
+    /// The cache hierarchy behind the walker and the hot path
+    /// (romanescu10 Table 1); None = flat memory.
+    pub memory: Option<mmulab_memsys::MemConfig>,
 }
 
 /// Kernel parameters beyond timing (balan92's tunables).
@@ -143,6 +149,11 @@ pub struct World {
     /// User slices, kept apart: they never change kernel state, so a
     /// spinning CPU need not wake for them (see `Sim::spin_until`).
     pub(crate) slices: EventQueue<(CpuId, u64)>,
+    /// Spinners' wake-ups, kept apart too: a spinner re-checking its
+    /// condition changes nothing, so other spinners sleep past it to the
+    /// next *kernel* event (see `Sim::spin_until`) instead of waking each
+    /// other every iteration.
+    pub(crate) spin_wakes: EventQueue<(CpuId, u64)>,
     /// The time of the event being processed.
     pub(crate) now: Cycles,
     /// Per CPU, while it spins: (wake time, spin start, iteration).
@@ -189,11 +200,37 @@ pub struct World {
     pub pageout: crate::pageout::Pageout,
     /// The lock-order checker and lock contention (`lockorder`).
     pub lockorder: crate::lockorder::LockOrder,
+    /// Caches and coherence behind the walker and the hot path, when the
+    /// spec has a `[memory]` table (see [`crate::memory`]).
+    pub memsys: Option<Box<mmulab_memsys::MemSystem>>,
+    /// Scratch for the PCAM hits of one access.
+    pub(crate) probes: Vec<mmulab_memsys::TlbProbe>,
+    /// The TLB-coherence hardware the protocol assumes.
+    pub tlb_hw: crate::memory::TlbHardware,
 }
 
 impl World {
     pub fn now(&self) -> Cycles {
         self.now
+    }
+
+    /// Wakes every spinner sleeping past `at` at its first iteration
+    /// boundary at or after `at`.
+    fn rearm_spinners(&mut self, at: Cycles) {
+        for s in 0..self.spinners.len() {
+            if let Some((wake, since, step)) = self.spinners[s]
+                && wake > at
+            {
+                let rearm = since + Cycles((at - since).0.div_ceil(step) * step);
+                if rearm < wake {
+                    self.spinners[s] = Some((rearm, since, step));
+                    let c = &mut self.cpus[s];
+                    c.resume_gen += 1;
+                    let generation = c.resume_gen;
+                    self.spin_wakes.push(rearm, (CpuId(s as u16), generation));
+                }
+            }
+        }
     }
     pub fn record(&mut self, hist: &str, v: f64) {
         self.hists.entry(hist.to_string()).or_default().record(v);
@@ -278,9 +315,35 @@ impl Sim {
             alive: true,
         };
         let rng = SimRng::new(cfg.seed, "kernel");
+        let tlb_hw = protocol.tlb_hardware();
+        let memsys = cfg.memory.as_ref().map(|m| {
+            let mut m = m.clone();
+            m.cores = cfg.cpus;
+            m.unitd = matches!(tlb_hw, crate::memory::TlbHardware::Unitd(_));
+            // A broken variant's fault joins any the spec asked for.
+            if let crate::memory::TlbHardware::Unitd(f) = &tlb_hw {
+                let o = &mut m.faults;
+                o.pcam_disabled |= f.pcam_disabled;
+                o.snoop_skips_pcam |= f.snoop_skips_pcam;
+                o.no_self_snoop |= f.no_self_snoop;
+                o.directory_forgets_tlb_sharers |= f.directory_forgets_tlb_sharers;
+                o.jetty_misses_insert |= f.jetty_misses_insert;
+                o.ack_before_invalidate |= f.ack_before_invalidate;
+            }
+            Box::new(mmulab_memsys::MemSystem::new(&m, cfg.seed))
+        });
+        assert!(
+            tlb_hw == crate::memory::TlbHardware::Software || memsys.is_some(),
+            "protocol {} needs a memory system ([memory])",
+            protocol.name()
+        );
         let world = World {
+            memsys,
+            probes: Vec::new(),
+            tlb_hw,
             queue: EventQueue::new(),
             slices: EventQueue::new(),
+            spin_wakes: EventQueue::new(),
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
             mem,
@@ -391,26 +454,7 @@ impl Sim {
         // the hot path) is the one kind of kernel event a spinner could not
         // foresee: wake any spinner sleeping past it at the first iteration
         // boundary after it, as if it had polled all along.
-        for s in 0..w.spinners.len() {
-            if let Some((wake, since, step)) = w.spinners[s]
-                && wake > at
-            {
-                let rearm = since + Cycles((at - since).0.div_ceil(step) * step);
-                if rearm < wake {
-                    w.spinners[s] = Some((rearm, since, step));
-                    let c = &mut w.cpus[s];
-                    c.resume_gen += 1;
-                    let generation = c.resume_gen;
-                    w.queue.push(
-                        rearm,
-                        Event::Resume {
-                            cpu: CpuId(s as u16),
-                            generation,
-                        },
-                    );
-                }
-            }
-        }
+        w.rearm_spinners(at);
     }
 
     fn poll_cpu(&self, cpu: CpuId) {
@@ -420,6 +464,19 @@ impl Sim {
         if fut.as_mut().poll(&mut cx).is_pending() {
             self.0.roots.borrow_mut()[cpu.index()] = Some(fut);
         }
+    }
+
+    /// Suspends a spinning coroutine until `at` (its wake-up goes to the
+    /// spinners' own queue).
+    async fn spin_sleep_until(&self, cpu: CpuId, at: Cycles) {
+        {
+            let mut w = self.w();
+            let c = &mut w.cpus[cpu.index()];
+            c.resume_gen += 1;
+            let generation = c.resume_gen;
+            w.spin_wakes.push(at, (cpu, generation));
+        }
+        Wake { armed: false }.await;
     }
 
     /// Suspends the calling coroutine until `at` (no interrupt check).
@@ -546,11 +603,27 @@ impl Sim {
                 return;
             };
             self.w().spinners[cpu.index()] = Some((wake, since, step));
-            self.sleep_until(cpu, wake).await;
+            self.spin_sleep_until(cpu, wake).await;
             self.w().spinners[cpu.index()] = None;
             if self.w().cpus[cpu.index()].takeable().is_some() {
+                // The handler changes kernel state outside any event the
+                // other spinners foresaw (spinner wake-ups are not kernel
+                // events): they re-check at their next iteration.
+                {
+                    let mut w = self.w();
+                    let now = w.now();
+                    w.rearm_spinners(now);
+                }
                 self.take_interrupts(cpu).await;
             }
+        }
+        // A spinner that stops spinning goes on to change kernel state
+        // without a kernel event the others could have foreseen: they
+        // re-check at their next iteration, as if they had polled.
+        {
+            let mut w = self.w();
+            let now = w.now();
+            w.rearm_spinners(now);
         }
         let n = (self.now() - since).0 / step;
         if n > 0 {
@@ -746,13 +819,13 @@ impl Sim {
                 if w.stop {
                     break;
                 }
-                // Kernel events before user slices at the same cycle.
+                // Kernel events, then spinners' wake-ups, then user slices
+                // at the same cycle.
                 let kernel = w.queue.peek_time();
+                let spin = w.spin_wakes.peek_time();
                 let slice = w.slices.peek_time();
-                let next = match (kernel, slice) {
-                    (None, None) => break,
-                    (Some(k), Some(s)) => k.min(s),
-                    (Some(t), None) | (None, Some(t)) => t,
+                let Some(next) = [kernel, spin, slice].into_iter().flatten().min() else {
+                    break;
                 };
                 if next > max {
                     w.timed_out = true;
@@ -761,6 +834,9 @@ impl Sim {
                 w.now = next;
                 if kernel == Some(next) {
                     w.queue.pop().expect("peeked")
+                } else if spin == Some(next) {
+                    let (t, (cpu, generation)) = w.spin_wakes.pop().expect("peeked");
+                    (t, Event::Resume { cpu, generation })
                 } else {
                     let (t, (cpu, generation)) = w.slices.pop().expect("peeked");
                     (t, Event::UserSlice { cpu, generation })
@@ -783,9 +859,13 @@ impl Sim {
             }
         }
         let w = self.w();
-        SimResult {
+        let mut oracle = w.oracle.report();
+        let result = SimResult {
             counters: {
                 let mut c = w.counters.clone();
+                if let Some(ms) = &w.memsys {
+                    crate::memory::report(ms, &mut c, &mut oracle);
+                }
                 c.add("refs", w.refs);
                 c.add("wild_accesses", w.wild_accesses);
                 let (h, m) = w
@@ -797,13 +877,20 @@ impl Sim {
                 c
             },
             hists: w.hists.clone(),
-            oracle: w.oracle.report(),
+            oracle,
             liveness: w.liveness.clone(),
             end: w.now(),
             refs: w.refs,
-            events: w.queue.scheduled() + w.slices.scheduled(),
+            events: w.queue.scheduled() + w.spin_wakes.scheduled() + w.slices.scheduled(),
             timed_out: w.timed_out,
-        }
+        };
+        drop(w);
+        // Coroutines still suspended (idle loops, parked CPUs) hold clones
+        // of this handle: drop them, or the world (caches included) leaks
+        // through the cycle, run after run.
+        let roots: Vec<_> = self.0.roots.borrow_mut().iter_mut().map(Option::take).collect();
+        drop(roots);
+        result
     }
 
     fn irq_arrive(&self, cpu: CpuId, irq: Irq, t: Cycles) {
@@ -920,7 +1007,12 @@ impl Sim {
                     break None;
                 }
             }
-            if let Some(t) = run_batch(w, cpu, tid, end) {
+            let trapped = if w.memsys.is_some() {
+                run_batch::<true>(w, cpu, tid, end)
+            } else {
+                run_batch::<false>(w, cpu, tid, end)
+            };
+            if let Some(t) = trapped {
                 break Some(t);
             }
             if w.cpus[ci].local >= end {
@@ -994,8 +1086,14 @@ pub enum Trap {
 
 /// Runs the thread's current batch of references until it ends, the slice
 /// ends or a reference traps. The batch lives in locals for the loop and is
-/// written back once.
-fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Trap> {
+/// written back once. `MEM`: a cache hierarchy is behind the references and
+/// the walker (compiled separately so that flat runs pay nothing for it).
+fn run_batch<const MEM: bool>(
+    w: &mut World,
+    cpu: CpuId,
+    tid: ThreadId,
+    end: Cycles,
+) -> Option<Trap> {
     let ci = cpu.index();
     let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
     let (refs, mut pos) = w.threads[tid.0 as usize].batch?;
@@ -1009,7 +1107,7 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
     let stride_fits = refs.wrap == 0 || refs.stride < refs.wrap;
     let store = !matches!(refs.kind, RefKind::Load);
     while pos < refs.count && w.cpus[ci].local < end {
-        match translate(w, cpu, tid, va, store) {
+        match translate::<MEM>(w, cpu, tid, va, store) {
             Ok(pfn) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
                 if w.mem.is_data(pfn) {
@@ -1027,6 +1125,20 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
                 }
                 w.refs += 1 + extra;
                 w.cpus[ci].local += ref_cycles;
+                if MEM {
+                    // The access performs through the caches (and, being a
+                    // store, self-snoops the PCAMs: romanescu10 §5.2).
+                    let pa = (pfn.0 << PAGE_SHIFT) | off;
+                    let lat = match refs.kind {
+                        RefKind::Load => w.mem_access(cpu, pa, AccessKind::Load),
+                        RefKind::Store(_) => w.mem_access(cpu, pa, AccessKind::Store),
+                        RefKind::Increment => {
+                            w.mem_access(cpu, pa, AccessKind::Load)
+                                + w.mem_access(cpu, pa, AccessKind::Store)
+                        }
+                    };
+                    w.cpus[ci].local += lat;
+                }
                 pos += 1;
                 if stride_fits {
                     va += refs.stride;
@@ -1053,10 +1165,27 @@ fn run_batch(w: &mut World, cpu: CpuId, tid: ThreadId, end: Cycles) -> Option<Tr
     trap
 }
 
+/// The walker's reads of `wk`'s entries: flat memory costs a memory read
+/// per level; with caches each level loads through L1D (romanescu10 §5.2).
+#[inline]
+fn walk_cost<const MEM: bool>(w: &mut World, cpu: CpuId, wk: &Walk) -> Cycles {
+    let costs = &w.cfg.costs;
+    if MEM {
+        let per_level = costs.walk_level_cycles;
+        let mut c = Cycles(per_level * wk.levels_read as u64);
+        for &pa in &wk.path[..wk.levels_read as usize] {
+            c += w.mem_access(cpu, pa, AccessKind::WalkLoad);
+        }
+        c
+    } else {
+        Cycles((costs.mem_cycles + costs.walk_level_cycles) * wk.levels_read as u64)
+    }
+}
+
 /// Translates `va` on `cpu`: a TLB hit checked by the oracle, or a walk
 /// that fills the TLB. `Err` is a page fault.
 #[inline]
-fn translate(
+fn translate<const MEM: bool>(
     w: &mut World,
     cpu: CpuId,
     tid: ThreadId,
@@ -1075,44 +1204,70 @@ fn translate(
     let c = &mut w.cpus[ci];
     if let Some(slot) = c.tlb.lookup(vpn, asid) {
         let e = *c.tlb.entry(slot);
-        if store && !e.writable {
-            return Err(());
-        }
-        let ctx = UseCtx {
-            cpu,
-            thread: tid.0,
-            va,
-            time: c.local,
-        };
-        w.oracle
-            .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
-        if store && !e.dirty {
-            // The hardware sets the modify bit with an interlocked
-            // read-modify-write that re-checks the PTE (black89 fn. 6).
-            let costs = &w.cfg.costs;
-            let cost = costs.mem_cycles + costs.walk_level_cycles;
+        // romanescu10 §6.3's ideal invalidation: the hit is checked against
+        // its PTE for free; a stale entry is dropped and re-walked at full
+        // cost below. Stale: the PTE no longer allows what the entry does,
+        // or it was changed since the fill and changed back (the entry's
+        // fill epoch is behind its PTE's).
+        let stale = MEM && matches!(w.tlb_hw, TlbHardware::Ideal) && {
             let root = w.pmaps[pmap.0 as usize].root;
             let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
-            w.cpus[ci].local += Cycles(cost * wk.levels_read as u64);
-            if !(wk.leaf && wk.pte.present() && wk.pte.writable() && wk.pte.pfn() == e.pfn) {
-                w.cpus[ci].tlb.entry_mut(slot).valid = false;
+            !(wk.leaf
+                && wk.pte.present()
+                && wk.pte.pfn() == e.pfn
+                && (!e.writable || wk.pte.writable())
+                && w.oracle.epoch(e.oracle_slot) == e.fill_epoch)
+        };
+        if stale {
+            w.cpus[ci].tlb.entry_mut(slot).valid = false;
+            w.counters.add("ideal.stale_drops", 1);
+        } else {
+            if store && !e.writable {
                 return Err(());
             }
-            let new = wk.pte.with(Pte::MODIFIED | Pte::REFERENCED);
-            w.mem.table_mut(wk.table)[wk.index] = new.0;
-            w.oracle.record_pte(e.oracle_slot, rights_of(new), None);
-            let ent = w.cpus[ci].tlb.entry_mut(slot);
-            ent.dirty = true;
-            ent.fill_epoch = w.oracle.epoch(e.oracle_slot);
+            let ctx = UseCtx {
+                cpu,
+                thread: tid.0,
+                va,
+                time: c.local,
+            };
+            w.oracle
+                .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+            if store && !e.dirty {
+                // The hardware sets the modify bit with an interlocked
+                // read-modify-write that re-checks the PTE (black89 fn. 6).
+                let root = w.pmaps[pmap.0 as usize].root;
+                let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+                let cost = walk_cost::<MEM>(w, cpu, &wk);
+                w.cpus[ci].local += cost;
+                if !(wk.leaf && wk.pte.present() && wk.pte.writable() && wk.pte.pfn() == e.pfn) {
+                    w.cpus[ci].tlb.entry_mut(slot).valid = false;
+                    return Err(());
+                }
+                let new = wk.pte.with(Pte::MODIFIED | Pte::REFERENCED);
+                w.mem.table_mut(wk.table)[wk.index] = new.0;
+                if MEM {
+                    // The update is a store (romanescu10 §6.1); under UNITD
+                    // its self-snoop invalidates this very entry, which the
+                    // walker then re-inserts with the new value.
+                    let lat = w.pte_store(cpu, wk.pte_pa);
+                    w.cpus[ci].local += lat;
+                    w.pcam_fill(cpu, slot, wk.pte_pa);
+                }
+                w.oracle.record_pte(e.oracle_slot, rights_of(new), None);
+                let ent = w.cpus[ci].tlb.entry_mut(slot);
+                ent.valid = true;
+                ent.dirty = true;
+                ent.fill_epoch = w.oracle.epoch(e.oracle_slot);
+            }
+            return Ok(e.pfn);
         }
-        return Ok(e.pfn);
     }
-    // Miss: the hardware walker, one memory read per level.
-    let costs = &w.cfg.costs;
-    let per_level = costs.mem_cycles + costs.walk_level_cycles;
+    // Miss: the hardware walker, one read per level.
     let root = w.pmaps[pmap.0 as usize].root;
     let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
-    w.cpus[ci].local += Cycles(per_level * wk.levels_read as u64);
+    let cost = walk_cost::<MEM>(w, cpu, &wk);
+    w.cpus[ci].local += cost;
     let pte = wk.pte;
     if !(wk.leaf && pte.present() && (!store || pte.writable()) && (kernel || pte.user())) {
         return Err(());
@@ -1123,6 +1278,12 @@ fn translate(
     }
     if new != pte {
         w.mem.table_mut(wk.table)[wk.index] = new.0;
+        if MEM {
+            // Walker A/D updates are stores (romanescu10 §6.1), made
+            // before the fill so the self-snoop cannot hit the new entry.
+            let lat = w.pte_store(cpu, wk.pte_pa);
+            w.cpus[ci].local += lat;
+        }
     }
     let slot = w.oracle.slot(pmap.0, vpn);
     if store && !pte.modified() {
@@ -1141,6 +1302,9 @@ fn translate(
         fill_epoch: w.oracle.epoch(slot),
         pte_pa: wk.pte_pa,
     };
-    w.cpus[ci].tlb.insert(entry);
+    let (tslot, _victim) = w.cpus[ci].tlb.insert(entry);
+    if MEM {
+        w.pcam_fill(cpu, tslot, wk.pte_pa);
+    }
     Ok(new.pfn())
 }

@@ -251,6 +251,7 @@ impl Sim {
             w.cpus[cpu.index()]
                 .tlb
                 .invalidate_page(Vpn(vpn), Some(asid));
+            w.pcam_sync(cpu);
         }
         if va >= KERNEL_BASE {
             return self.kernel_fault(cpu, tid, vpn).await;
@@ -801,11 +802,19 @@ impl Sim {
         for r in regions {
             self.release_object(r.object);
         }
-        let mut w = self.w();
-        let tables = std::mem::take(&mut w.pmaps[pmap.0 as usize].tables);
-        w.pmaps[pmap.0 as usize].alive = false;
-        for t in tables {
-            w.mem.free(t);
+        let clear = {
+            let mut w = self.w();
+            let tables = std::mem::take(&mut w.pmaps[pmap.0 as usize].tables);
+            w.pmaps[pmap.0 as usize].alive = false;
+            let mut clear = Cycles(0);
+            for t in tables {
+                clear += w.clear_table_frame(cpu, t);
+                w.mem.free(t);
+            }
+            clear
+        };
+        if clear > Cycles(0) {
+            self.delay(cpu, clear).await;
         }
     }
 }

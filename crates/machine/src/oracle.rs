@@ -325,6 +325,7 @@ impl Oracle {
             use_after_free: self.use_after_free,
             operations: self.ops.len() as u64,
             first: self.first.clone(),
+            memory_checker_first: None,
         }
     }
 }
@@ -339,6 +340,10 @@ pub struct OracleReport {
     pub use_after_free: u64,
     pub operations: u64,
     pub first: Vec<Violation>,
+    /// The memory system's checker (romanescu10 runs with a `[memory]`
+    /// hierarchy): its first violation; its count is in `violations`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_checker_first: Option<String>,
 }
 
 impl OracleReport {
@@ -352,6 +357,9 @@ impl OracleReport {
             if self.first.len() < REPORT_FIRST {
                 self.first.push(v.clone());
             }
+        }
+        if self.memory_checker_first.is_none() {
+            self.memory_checker_first = o.memory_checker_first.clone();
         }
         self.verdict = if self.violations == 0 {
             "consistent".into()

@@ -135,6 +135,10 @@ pub struct Walk {
     pub levels_read: u32,
     /// True when the walk reached the last level.
     pub leaf: bool,
+    /// Physical address of the entry read at each level (the first
+    /// `levels_read` are meaningful): a walker that loads through the data
+    /// cache reads these (romanescu10 §5.2).
+    pub path: [u64; 4],
 }
 
 /// Walks the tables rooted at `root` for `vpn`, reading one entry per level.
@@ -142,18 +146,21 @@ pub struct Walk {
 /// is `PRESENT` (rights live in the last level).
 pub fn walk(mem: &PhysMem, fmt: PtFormat, root: Pfn, vpn: Vpn) -> Walk {
     let mut table = root;
+    let mut path = [0; 4];
     for level in 0..fmt.levels() {
         let index = fmt.index(vpn, level);
         let pte = Pte(mem.table(table)[index]);
         let last = level + 1 == fmt.levels();
+        path[level] = fmt.pte_pa(table, index);
         if last || !pte.present() {
             return Walk {
                 pte,
                 table,
                 index,
-                pte_pa: fmt.pte_pa(table, index),
+                pte_pa: path[level],
                 levels_read: level as u32 + 1,
                 leaf: last,
+                path,
             };
         }
         table = pte.pfn();

@@ -4,9 +4,11 @@
 //! `mmulab check` and the tests can show the oracle catching them.
 
 pub mod global;
+pub mod linux;
 pub mod mach;
 pub mod none;
 pub mod svr42;
+pub mod unitd;
 
 use std::rc::Rc;
 
@@ -137,6 +139,70 @@ pub const REGISTRY: &[Entry] = &[
         about: "broken svr42 pageout: local aging clears R/M without seizing the process (negative control)",
         negative_control: true,
         make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::PageoutNoSeize)),
+    },
+    Entry {
+        name: "linux",
+        about: "romanescu10's baseline: Linux 2.6.15 i386 TLB shootdown (Fig. 1; full flushes except COW)",
+        negative_control: false,
+        make: |_| Rc::new(linux::Linux::new()),
+    },
+    Entry {
+        name: "unitd",
+        about: "romanescu10's UNITD: PCAMs join MOSI, PTE stores invalidate TLBs; no IPIs (needs [memory])",
+        negative_control: false,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::Unitd)),
+    },
+    Entry {
+        name: "ideal",
+        about: "romanescu10 §6.3: free check of every TLB hit against its PTE; stale entries re-walked",
+        negative_control: false,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::Ideal)),
+    },
+    Entry {
+        name: "unitd-no-pcam",
+        about: "broken unitd: PCAMs never match (negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::NoPcam)),
+    },
+    Entry {
+        name: "unitd-snoop-skips-pcam",
+        about: "broken unitd: remote ownership requests skip the PCAMs (negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::SnoopSkipsPcam)),
+    },
+    Entry {
+        name: "unitd-no-self-snoop",
+        about: "broken unitd: local stores do not probe the local PCAM (§5.2; negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::NoSelfSnoop)),
+    },
+    Entry {
+        name: "unitd-directory-forgets-tlb",
+        about: "broken unitd: writebacks drop the keep-sharer bit (§5.3.1; negative control)",
+        negative_control: true,
+        make: |_| {
+            Rc::new(unitd::Unitd::new(
+                unitd::Variant::DirectoryForgetsTlbSharers,
+            ))
+        },
+    },
+    Entry {
+        name: "unitd-jetty-misses-insert",
+        about: "broken unitd: the Jetty filter misses PCAM inserts (§5.4; negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::JettyMissesInsert)),
+    },
+    Entry {
+        name: "unitd-ack-before-invalidate",
+        about: "broken cache controller: acks an invalidation before invalidating (the MOSI checker's negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::AckBeforeInvalidate)),
+    },
+    Entry {
+        name: "unitd-upper-level-only",
+        about: "broken unitd: unmapping a page-table page clears only its upper-level entry (§4.1; negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::UpperLevelOnly)),
     },
 ];
 

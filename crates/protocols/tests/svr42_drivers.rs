@@ -30,6 +30,7 @@ fn sim(protocol: &str, cpus: usize, kernel: KernelParams) -> Sim {
         disabled_windows: None,
         trap_disabled_mean_cycles: 0,
         kernel,
+        memory: None,
     };
     Sim::new(
         cfg,

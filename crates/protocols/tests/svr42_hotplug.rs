@@ -24,6 +24,7 @@ fn sim(cpus: usize) -> Sim {
         disabled_windows: None,
         trap_disabled_mean_cycles: 0,
         kernel: KernelParams::default(),
+        memory: None,
     };
     Sim::new(
         cfg,

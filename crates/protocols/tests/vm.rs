@@ -25,6 +25,7 @@ fn sim(protocol: &str, cpus: usize) -> Sim {
         disabled_windows: None,
         trap_disabled_mean_cycles: 0,
         kernel: mmulab_kernel::KernelParams::default(),
+        memory: None,
     };
     Sim::new(
         cfg,

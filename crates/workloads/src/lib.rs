@@ -6,6 +6,7 @@ pub mod apps;
 pub mod balan92;
 pub mod bench;
 pub mod random;
+pub mod romanescu10;
 pub mod tester;
 
 use std::collections::BTreeMap;
@@ -55,6 +56,10 @@ pub enum WorkloadSpec {
     ForkBench(balan92::ForkBenchSpec),
     /// balan92 §Analysis: concurrent page faults, across or within processes.
     FaultStorm(balan92::FaultStormSpec),
+    /// romanescu10 Table 2: single/multiple cow/unmap.
+    UnitdMicro(romanescu10::MicroSpec),
+    /// romanescu10 §6.3's real benchmarks, as labelled stand-ins.
+    UnitdApp(romanescu10::AppSpec),
 }
 
 impl WorkloadSpec {
@@ -72,6 +77,8 @@ impl WorkloadSpec {
             WorkloadSpec::PageoutAging(s) => Box::new(balan92::PageoutAging::new(s.clone())),
             WorkloadSpec::ForkBench(s) => Box::new(balan92::ForkBench::new(s.clone())),
             WorkloadSpec::FaultStorm(s) => Box::new(balan92::FaultStorm::new(s.clone())),
+            WorkloadSpec::UnitdMicro(s) => Box::new(romanescu10::Micro::new(s.clone())),
+            WorkloadSpec::UnitdApp(s) => Box::new(romanescu10::AppWorkload::new(s.clone())),
         }
     }
 
@@ -90,6 +97,8 @@ impl WorkloadSpec {
             WorkloadSpec::PageoutAging(s) => s.validate(cpus),
             WorkloadSpec::ForkBench(s) => s.validate(cpus),
             WorkloadSpec::FaultStorm(s) => s.validate(cpus),
+            WorkloadSpec::UnitdMicro(s) => s.validate(cpus),
+            WorkloadSpec::UnitdApp(s) => s.validate(cpus),
         }
     }
 
@@ -110,6 +119,14 @@ impl WorkloadSpec {
             (
                 "balan92-shootdown",
                 "balan92 Figs. 1-3: hat_shutdown (basic, lazy) or a one-page unmap (immediate) while the other CPUs spin",
+            ),
+            (
+                "unitd-micro",
+                "romanescu10 Table 2: parse a 50 MB mapped file, COW-store or unmap every N-th page (single or multiple initiators)",
+            ),
+            (
+                "unitd-app",
+                "romanescu10 §6.3 stand-ins: swaptions, pca, string_match, small wordcount (synthetic, labelled)",
             ),
             (
                 "kmem-churn",

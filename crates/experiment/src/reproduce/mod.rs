@@ -4,6 +4,7 @@
 
 pub mod balan92;
 pub mod black89;
+pub mod romanescu10;
 pub mod uhlig94;
 
 use std::path::Path;

@@ -1,0 +1,172 @@
+//! The memory system behind the walker and the user hot path.
+//!
+//! Flat by default: every reference costs the preset's `ref_cycles` and a
+//! walk `mem_cycles + walk_level_cycles` per level. A spec with a
+//! `[memory]` table puts romanescu10's Table 1 hierarchy (private L1I/L1D,
+//! shared L2, MOSI over snooping or a directory) behind both, through
+//! `mmulab-memsys`: references and walker loads take the caches' latency,
+//! PTE stores are ordinary stores, and — when the protocol declares UNITD
+//! hardware — every ownership request and local store probes the PCAMs,
+//! whose hits invalidate TLB entries here.
+
+use mmulab_engine::Cycles;
+use mmulab_machine::CpuId;
+use mmulab_memsys::{AccessKind, Faults, MemSystem};
+
+use crate::sim::World;
+
+/// The TLB-coherence hardware a protocol assumes (declared by
+/// [`crate::Protocol::tlb_hardware`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TlbHardware {
+    /// TLBs are not coherent: software shoots down (every classic
+    /// protocol).
+    #[default]
+    Software,
+    /// romanescu10 UNITD: PCAMs snoop ownership requests and local stores;
+    /// `faults` break it on purpose for negative controls.
+    Unitd(Faults),
+    /// romanescu10 §6.3's ideal invalidation: every TLB hit is checked
+    /// against its PTE for free; a stale entry is dropped and re-walked.
+    Ideal,
+}
+
+/// Which TLB of a core a PCAM shadows. The simulated programs issue data
+/// references only, so the I-TLB (and its PCAM) stays empty.
+pub const DTLB: usize = 1;
+
+impl World {
+    /// True when a cache hierarchy sits behind the walker and the hot path.
+    #[inline]
+    pub fn has_memsys(&self) -> bool {
+        self.memsys.is_some()
+    }
+
+    /// One access by `cpu` through the memory system; applies the TLB
+    /// invalidations its PCAM probes found. Returns its latency.
+    pub fn mem_access(&mut self, cpu: CpuId, pa: u64, kind: AccessKind) -> Cycles {
+        let Some(ms) = self.memsys.as_mut() else {
+            return Cycles(0);
+        };
+        let lat = ms.access(cpu.index(), pa, kind, &mut self.probes);
+        if !self.probes.is_empty() {
+            self.apply_probes();
+        }
+        Cycles(lat)
+    }
+
+    /// Invalidates the TLB entries whose PCAM entries matched.
+    fn apply_probes(&mut self) {
+        let mut probes = std::mem::take(&mut self.probes);
+        for p in probes.drain(..) {
+            debug_assert_eq!(p.tlb, DTLB, "only the D-TLB is filled");
+            let e = self.cpus[p.core].tlb.entry_mut(p.index);
+            if e.valid {
+                e.valid = false;
+                self.counters.add("unitd.tlb_invalidations", 1);
+            }
+        }
+        self.probes = probes;
+    }
+
+    /// A PTE store by `cpu` (kernel page-table edit or walker A/D update).
+    /// Flat memory: free here (protocols charge `pte_write_cycles`).
+    pub fn pte_store(&mut self, cpu: CpuId, pte_pa: u64) -> Cycles {
+        self.mem_access(cpu, pte_pa, AccessKind::Store)
+    }
+
+    /// Records a TLB fill at `slot` with its PTE's address (romanescu10
+    /// Fig. 6a: the PCAM is written at the TLB entry's index).
+    #[inline]
+    pub fn pcam_fill(&mut self, cpu: CpuId, slot: usize, pte_pa: u64) {
+        if !matches!(self.tlb_hw, TlbHardware::Software)
+            && let Some(ms) = self.memsys.as_mut()
+        {
+            ms.pcam_insert(cpu.index(), DTLB, slot, pte_pa);
+        }
+    }
+
+    /// After a flush or invalidation of `cpu`'s TLB: PCAM entries of
+    /// invalid slots are cleared (they are "removed as a result of the
+    /// replacement", §4.2, and a flush empties the TLB).
+    pub fn pcam_sync(&mut self, cpu: CpuId) {
+        let Some(ms) = self.memsys.as_mut() else {
+            return;
+        };
+        if matches!(self.tlb_hw, TlbHardware::Software) {
+            return;
+        }
+        let ci = cpu.index();
+        for (i, e) in self.cpus[ci].tlb.entries().iter().enumerate() {
+            if !e.valid {
+                ms.pcam_clear(ci, DTLB, i);
+            }
+        }
+    }
+
+    /// Clears a freed page-table frame with stores before it can be reused
+    /// (romanescu10 §4.1: "a freed table page cleared before reuse"), so
+    /// that a TLB entry whose PTE lived there is invalidated. Returns the
+    /// cost; nothing to do on flat memory.
+    pub fn clear_table_frame(&mut self, cpu: CpuId, pfn: mmulab_machine::Pfn) -> Cycles {
+        let Some(ms) = self.memsys.as_ref() else {
+            return Cycles(0);
+        };
+        let block = ms.config().l2.block_bytes;
+        let base = pfn.0 << crate::sim::PAGE_SHIFT;
+        let mut c = Cycles(0);
+        let mut off = 0;
+        while off < crate::sim::PAGE_SIZE {
+            c += self.mem_access(cpu, base + off, AccessKind::Store);
+            off += block;
+        }
+        c
+    }
+}
+
+/// The memory system's counters as `mem.*` result counters, and its
+/// checker's verdict folded into the oracle report (one verdict per run).
+pub(crate) fn report(
+    ms: &MemSystem,
+    counters: &mut mmulab_engine::Counters,
+    oracle: &mut mmulab_machine::oracle::OracleReport,
+) {
+    let s = ms.stats();
+    let fields: [(&str, u64); 25] = [
+        ("mem.l1i_hits", s.l1i_hits),
+        ("mem.l1i_misses", s.l1i_misses),
+        ("mem.l1d_hits", s.l1d_hits),
+        ("mem.l1d_misses", s.l1d_misses),
+        ("mem.l2_hits", s.l2_hits),
+        ("mem.l2_misses", s.l2_misses),
+        ("mem.memory_reads", s.memory_reads),
+        ("mem.memory_writebacks", s.memory_writebacks),
+        ("mem.l1_writebacks", s.l1_writebacks),
+        ("mem.keep_sharer_writebacks", s.keep_sharer_writebacks),
+        ("mem.stores", s.stores),
+        ("mem.walk_loads", s.walk_loads),
+        ("mem.upgrades", s.upgrades),
+        ("mem.exclusive_grants", s.exclusive_grants),
+        ("mem.cache_to_cache", s.cache_to_cache),
+        ("mem.invalidations", s.invalidations),
+        ("mem.recalls", s.recalls),
+        ("mem.pcam_inserts", s.pcam_inserts),
+        ("mem.pcam_lookups", s.pcam_lookups),
+        ("mem.pcam_hits", s.pcam_hits),
+        ("mem.pcam_false_invalidations", s.pcam_false_invalidations),
+        ("mem.pcam_recall_invalidations", s.pcam_recall_invalidations),
+        ("mem.jetty_filtered", s.jetty_filtered),
+        ("mem.directory_messages", s.directory_messages),
+        ("mem.snoop_broadcasts", s.snoop_broadcasts),
+    ];
+    for (k, v) in fields {
+        counters.add(k, v);
+    }
+    let v = ms.checker_violations();
+    counters.add("mem.checker_violations", v);
+    if v > 0 {
+        oracle.violations += v;
+        oracle.verdict = "inconsistent".into();
+        oracle.memory_checker_first = ms.first_violation();
+    }
+}

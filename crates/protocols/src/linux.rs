@@ -1,0 +1,156 @@
+//! `linux`: romanescu10's baseline, the TLB shootdown of Linux 2.6.15 on
+//! i386 (its Fig. 1; `arch/i386/kernel/smp.c`).
+//!
+//! Initiator, with preemption off and the page-table lock held: edit the
+//! PTEs, flush locally, list the victims (the other CPUs whose
+//! `cpu_vm_mask` holds the address space: here, the pmap's `in_use`),
+//! interrupt them under the global `tlbstate_lock`, and spin until the
+//! victim list empties. A victim invalidates, removes itself from the list
+//! and resumes (Rosenburg's early acknowledgement).
+//!
+//! Which events flush whole TLBs (§3), from 2.6.15: `flush_tlb_range` on
+//! i386 *is* `flush_tlb_mm`, a full (non-global) flush on initiator and
+//! victims, and munmap (`tlb_finish_mmu`), mprotect, fork and exit use it;
+//! only a copy-on-write break (`ptep_clear_flush` → `flush_tlb_page`)
+//! invalidates the one page (`invlpg`). Kernel unmaps (`vfree`) use
+//! `flush_tlb_all`, which flushes global entries as well.
+
+use std::cell::{Cell, RefCell};
+
+use mmulab_engine::Cycles;
+use mmulab_kernel::pmap::{CpuSet, KERNEL_PMAP};
+use mmulab_kernel::{Irq, KFuture, PmapId, Protocol, Sim, Update};
+use mmulab_machine::{CpuId, Vpn};
+
+/// What the victims are asked to flush (`flush_mm`, `flush_va`).
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    pmap: PmapId,
+    /// Some(page): `flush_tlb_page`; None: `FLUSH_ALL`.
+    page: Option<Vpn>,
+}
+
+pub struct Linux {
+    /// `tlbstate_lock`: one shootdown at a time, machine-wide.
+    lock: Cell<Option<usize>>,
+    /// `flush_cpumask`: victims yet to acknowledge.
+    mask: RefCell<CpuSet>,
+    request: Cell<Option<Request>>,
+}
+
+impl Linux {
+    pub fn new() -> Linux {
+        Linux {
+            lock: Cell::new(None),
+            mask: RefCell::new(CpuSet::new(0)),
+            request: Cell::new(None),
+        }
+    }
+
+    /// Flushes `cpu`'s TLB as the request says; returns the cost.
+    fn flush(sim: &Sim, cpu: CpuId, r: Request) -> Cycles {
+        match r.page {
+            Some(vpn) => sim.tlb_invalidate_range(cpu, r.pmap, vpn, 1, 1),
+            // Kernel mappings are global: `flush_tlb_all` (vfree and the
+            // like) flushes them too.
+            None if r.pmap == KERNEL_PMAP => sim.tlb_flush(cpu),
+            None => sim.tlb_flush_user(cpu),
+        }
+    }
+}
+
+impl Default for Linux {
+    fn default() -> Self {
+        Linux::new()
+    }
+}
+
+impl Protocol for Linux {
+    fn name(&self) -> &'static str {
+        "linux"
+    }
+
+    fn init(&self, sim: &Sim) {
+        self.lock.set(Some(sim.new_lock()));
+        *self.mask.borrow_mut() = CpuSet::new(sim.w().cpus.len());
+    }
+
+    fn update<'a>(&'a self, sim: &'a Sim, me: CpuId, u: Update) -> KFuture<'a> {
+        Box::pin(async move {
+            let costs = sim.costs();
+            let start = sim.now();
+            sim.lock_pmap(me, u.pmap).await;
+            let edit = sim.w().pt_apply(me, &u);
+            let c = Cycles(costs.pte_write_cycles * edit.changed) + edit.mem_cycles;
+            sim.delay(me, c).await;
+            let cow = sim.current_op_is(me, "cow break");
+            let r = Request {
+                pmap: u.pmap,
+                page: (cow && u.pages == 1).then_some(u.start),
+            };
+            let (here, victims) = {
+                let w = sim.w();
+                let in_use = &w.pmaps[u.pmap.0 as usize].in_use;
+                let victims: Vec<CpuId> = in_use
+                    .iter()
+                    .filter(|&c| c != me && w.is_online(c))
+                    .collect();
+                (in_use.contains(me), victims)
+            };
+            if here {
+                let f = Linux::flush(sim, me, r);
+                sim.delay(me, f).await;
+            }
+            if !victims.is_empty() && edit.changed > 0 {
+                let lock = self.lock.get().expect("initialised");
+                sim.lock(me, lock).await;
+                self.request.set(Some(r));
+                {
+                    let mut m = self.mask.borrow_mut();
+                    for &v in &victims {
+                        m.insert(v);
+                    }
+                }
+                for &v in &victims {
+                    sim.send_ipi(me, v, Irq::Shootdown).await;
+                }
+                sim.spin_until(me, "linux initiator: victim list empty", |_| {
+                    self.mask.borrow().is_empty()
+                })
+                .await;
+                self.request.set(None);
+                sim.unlock(me, lock).await;
+                sim.count("shootdown.user.events", 1);
+                sim.record(
+                    "shootdown.user.initiator_cycles",
+                    (sim.now() - start).0 as f64,
+                );
+                sim.record("shootdown.user.processors", victims.len() as f64);
+            }
+            sim.unlock_pmap(me, u.pmap).await;
+        })
+    }
+
+    /// `smp_invalidate_interrupt`: invalidate, leave the list, resume.
+    fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
+        Box::pin(async move {
+            let start = sim.now();
+            let Some(r) = self.request.get() else {
+                return;
+            };
+            if !self.mask.borrow().contains(me) {
+                return;
+            }
+            let loaded = sim.w().pmaps[r.pmap.0 as usize].in_use.contains(me);
+            if loaded {
+                let f = Linux::flush(sim, me, r);
+                sim.delay(me, f).await;
+            }
+            self.mask.borrow_mut().remove(me);
+            sim.record(
+                "shootdown.user.responder_cycles",
+                (sim.now() - start).0 as f64,
+            );
+        })
+    }
+}
