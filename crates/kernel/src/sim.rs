@@ -200,6 +200,9 @@ pub struct World {
     pub pageout: crate::pageout::Pageout,
     /// The lock-order checker and lock contention (`lockorder`).
     pub lockorder: crate::lockorder::LockOrder,
+    /// CPUs between passing the last-online-CPU check of `CpuOffline` and
+    /// going offline.
+    pub cpus_going_offline: usize,
     /// Caches and coherence behind the walker and the hot path, when the
     /// spec has a `[memory]` table (see [`crate::memory`]).
     pub memsys: Option<Box<mmulab_memsys::MemSystem>>,
@@ -338,6 +341,7 @@ impl Sim {
             protocol.name()
         );
         let world = World {
+            cpus_going_offline: 0,
             memsys,
             probes: Vec::new(),
             tlb_hw,

@@ -609,8 +609,18 @@ impl Sim {
                 0
             }
             Syscall::CpuOffline => {
-                let online = self.w().cpus.iter().filter(|c| c.online).count();
-                if online <= 1 {
+                // Reserve the offline at once: two CPUs going offline
+                // concurrently must not both pass the last-CPU check.
+                let reserved = {
+                    let mut w = self.w();
+                    let online = w.cpus.iter().filter(|c| c.online).count();
+                    let ok = online > 1 + w.cpus_going_offline;
+                    if ok {
+                        w.cpus_going_offline += 1;
+                    }
+                    ok
+                };
+                if !reserved {
                     self.count("cpu.offline_refused", 1);
                     u64::MAX
                 } else {
@@ -631,7 +641,11 @@ impl Sim {
                         p.deactivate(self, cpu, o).await;
                     }
                     p.offline(self, cpu).await;
-                    self.w().cpus[cpu.index()].online = false;
+                    {
+                        let mut w = self.w();
+                        w.cpus[cpu.index()].online = false;
+                        w.cpus_going_offline -= 1;
+                    }
                     self.count("cpu.offlines", 1);
                     self.make_runnable(tid);
                     cpu.0 as u64
