@@ -892,7 +892,13 @@ impl Sim {
         // Coroutines still suspended (idle loops, parked CPUs) hold clones
         // of this handle: drop them, or the world (caches included) leaks
         // through the cycle, run after run.
-        let roots: Vec<_> = self.0.roots.borrow_mut().iter_mut().map(Option::take).collect();
+        let roots: Vec<_> = self
+            .0
+            .roots
+            .borrow_mut()
+            .iter_mut()
+            .map(Option::take)
+            .collect();
         drop(roots);
         result
     }
