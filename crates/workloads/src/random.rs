@@ -92,6 +92,8 @@ impl RandomSpec {
 
 #[derive(Default)]
 struct Global {
+    /// CPUs of the machine (migration targets).
+    cpus: u64,
     kmem: Vec<(u64, u64)>,
     finished: u64,
     started: u64,
@@ -116,6 +118,7 @@ impl Random {
 
 impl Workload for Random {
     fn start(&mut self, sim: &Sim) {
+        self.global.borrow_mut().cpus = sim.w().cpus.len() as u64;
         for _ in 0..self.spec.tasks {
             let task = sim.create_task();
             let regions: Regions = Rc::default();
@@ -312,15 +315,14 @@ impl Program for Thread {
                 })
             }
             78..=82 if self.spec.migrate => {
+                // Any CPU, or one drawn from the machine's.
+                let cpus = self.global.borrow().cpus.max(1);
                 let cpu = if ctx.rng.chance(0.5) {
                     None
                 } else {
-                    Some(CpuId(ctx.rng.below(1024) as u16))
+                    Some(CpuId(ctx.rng.below(cpus) as u16))
                 };
-                // Bound to a CPU that may not exist: fall back to any.
-                Op::Syscall(Syscall::Migrate {
-                    cpu: cpu.filter(|c| c.0 < 2),
-                })
+                Op::Syscall(Syscall::Migrate { cpu })
             }
             83..=87 if self.spec.sleep => Op::Sleep(500 + ctx.rng.below(20_000)),
             96..=99 if self.spec.hotplug => {
