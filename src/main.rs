@@ -348,31 +348,27 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             experiments,
         } => {
             let dir = experiments.join(&paper);
+            // The simulated reproductions share one signature.
+            type Reproduce = fn(
+                &std::path::Path,
+                bool,
+                Option<&std::path::Path>,
+                &(dyn Fn(&str) + Sync),
+            )
+                -> Result<mmulab_report::ReproTable, mmulab_experiment::SpecError>;
+            use mmulab_experiment::reproduce as r;
+            let simulated: &[(&str, Reproduce)] = &[
+                ("black89", r::black89::reproduce),
+                ("balan92", r::balan92::reproduce),
+                ("uhlig94", r::uhlig94::reproduce),
+                ("romanescu10", r::romanescu10::reproduce),
+            ];
+            let found = simulated.iter().find(|(name, _)| *name == paper);
             let table = match paper.as_str() {
-                "black89" => mmulab_experiment::reproduce::black89::reproduce(
-                    &dir,
-                    quick,
-                    out.as_deref(),
-                    &|m| eprintln!("{m}"),
-                )?,
-                "balan92" => mmulab_experiment::reproduce::balan92::reproduce(
-                    &dir,
-                    quick,
-                    out.as_deref(),
-                    &|m| eprintln!("{m}"),
-                )?,
-                "uhlig94" => mmulab_experiment::reproduce::uhlig94::reproduce(
-                    &dir,
-                    quick,
-                    out.as_deref(),
-                    &|m| eprintln!("{m}"),
-                )?,
-                "romanescu10" => mmulab_experiment::reproduce::romanescu10::reproduce(
-                    &dir,
-                    quick,
-                    out.as_deref(),
-                    &|m| eprintln!("{m}"),
-                )?,
+                _ if found.is_some() => {
+                    let (_, run) = found.expect("found");
+                    run(&dir, quick, out.as_deref(), &|m| eprintln!("{m}"))?
+                }
                 "fleisch89" => {
                     let report =
                         mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {

@@ -31,6 +31,13 @@ struct Sample {
     jetty_filtered: f64,
 }
 
+/// Writes a figure; one that cannot be written is reported, not fatal.
+fn write_plot(plot: &LinePlot, path: &Path) {
+    if let Err(e) = plot.write_svg(path) {
+        eprintln!("{}: {e:?}", path.display());
+    }
+}
+
 /// Mean and 95% confidence half-width.
 #[derive(Clone, Copy, Debug)]
 struct Est {
@@ -248,39 +255,24 @@ impl Grid {
         let mut cores: Vec<u64> = self.configs.iter().map(|c| c.cores).collect();
         cores.dedup();
         for &c in &cores {
-            let pts: Vec<(f64, f64)> = self
-                .configs
-                .iter()
-                .filter(|k| k.cores == c)
-                .map(|k| {
-                    (
-                        k.shootdowns as f64,
-                        self.speedup(c, k.shootdowns, "unitd").expect("ran").mean,
-                    )
-                })
-                .collect();
-            plot.add(Series::line(&format!("unitd, {c} cores"), pts));
-            let ideal: Vec<(f64, f64)> = self
-                .configs
-                .iter()
-                .filter(|k| k.cores == c)
-                .map(|k| {
-                    (
-                        k.shootdowns as f64,
-                        self.speedup(c, k.shootdowns, "ideal").expect("ran").mean,
-                    )
-                })
-                .collect();
-            plot.add(Series::line(&format!("ideal, {c} cores"), ideal));
+            for protocol in ["unitd", "ideal"] {
+                let pts: Vec<(f64, f64)> = self
+                    .configs
+                    .iter()
+                    .filter(|k| k.cores == c)
+                    .map(|k| {
+                        let s = self.speedup(c, k.shootdowns, protocol).expect("ran");
+                        (k.shootdowns as f64, s.mean)
+                    })
+                    .collect();
+                plot.add(Series::line(&format!("{protocol}, {c} cores"), pts));
+            }
         }
         if !paper.is_empty() {
             let pts: Vec<(f64, f64)> = paper.iter().map(|&(_, n, v)| (n as f64, v)).collect();
             plot.add(Series::points("paper (stated points)", pts, vec![]));
         }
-        // A plot that cannot be written is reported, not fatal.
-        if let Err(e) = plot.write_svg(path) {
-            eprintln!("{}: {e:?}", path.display());
-        }
+        write_plot(&plot, path);
     }
 }
 
@@ -449,9 +441,7 @@ pub fn reproduce(
         }
         plot.add(Series::line("cycles eliminated by unitd", saved_pts));
         plot.add(Series::line("linux: cycles in shootdowns", shoot_pts));
-        if let Err(e) = plot.write_svg(&p) {
-            eprintln!("{}: {e:?}", p.display());
-        }
+        write_plot(&plot, &p);
     }
 
     // ---- Fig. 8: multiple_unmap, directory -----------------------------
@@ -603,9 +593,7 @@ pub fn reproduce(
             .collect();
         plot.add(Series::line("mmulab (sorted)", pts));
         plot.add(Series::points("paper: ~90%", vec![(0.0, 90.0)], vec![]));
-        if let Err(e) = plot.write_svg(&p) {
-            eprintln!("{}: {e:?}", p.display());
-        }
+        write_plot(&plot, &p);
     }
 
     // ---- §6.5: geometry, exact ------------------------------------------
@@ -747,9 +735,7 @@ pub fn reproduce(
         );
         plot.add(Series::line("initiator", init_pts.clone()));
         plot.add(Series::line("victim", victim_pts.clone()));
-        if let Err(e) = plot.write_svg(&p) {
-            eprintln!("{}: {e:?}", p.display());
-        }
+        write_plot(&plot, &p);
     }
     // Fig. 3: share of runtime in shootdowns; the high-shootdown wordcount
     // stand-in (a single_unmap at a wordcount-like rate) against the apps.
@@ -789,9 +775,7 @@ pub fn reproduce(
             "wordcount stand-in (high shootdown rate)",
             shares,
         ));
-        if let Err(e) = plot.write_svg(&p) {
-            eprintln!("{}: {e:?}", p.display());
-        }
+        write_plot(&plot, &p);
     }
 
     if let Some(d) = out {
