@@ -531,8 +531,13 @@ impl Site {
             Want::Read(sites) => {
                 if aux.held == Held::Write {
                     // Optimization 2: the downgraded writer keeps read access
-                    // and stays clock site, with its install time.
+                    // and stays clock site. The read set it now heads is
+                    // granted the page here, so its Δ starts now (§6.1:
+                    // the readers are "guaranteed to uninterruptably possess
+                    // the page" for Δ; the writer's old install time would
+                    // let a new reader lose its copy at once).
                     aux.held = Held::Read;
+                    aux.install_time = now;
                     self.actions.push(Action::Downgrade { segment, page });
                 }
                 let aux = self.aux_mut(segment, page);

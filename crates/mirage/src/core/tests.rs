@@ -287,6 +287,36 @@ fn delta_refusal_reports_the_time_left_and_the_library_retries() {
 }
 
 #[test]
+fn a_downgrade_grants_the_read_set_a_fresh_window() {
+    // Site 1 writes; long after its Δ, site 2 reads: site 1 is downgraded
+    // and heads the new read set {1, 2}, whose Δ starts at the downgrade.
+    let mut net = Net::new(3, 1, 3, cfg());
+    net.fault(1, 0, Access::Write);
+    net.now = 10 * TICK;
+    net.fault(2, 0, Access::Read);
+    assert_eq!((net.held(1, 0), net.held(2, 0)), (Held::Read, Held::Read));
+    assert!(net.clock(1), "the downgraded writer stays clock site");
+    // A write request one tick later cuts the read set's window short:
+    // refused with the two ticks left, not honoured on the writer's old
+    // install time.
+    net.now = 11 * TICK + 10;
+    net.reset_log();
+    net.fault(2, 0, Access::Write);
+    let refused = net.wire.iter().find_map(|(_, _, m)| match m {
+        Msg::Refused { ticks_left, .. } => Some(*ticks_left),
+        _ => None,
+    });
+    assert_eq!(refused, Some(2), "the read set's Δ runs from the downgrade");
+    assert_eq!(net.held(1, 0), Held::Read, "reader kept inside Δ");
+    net.fire_timers();
+    assert_eq!(
+        (net.held(1, 0), net.held(2, 0)),
+        (Held::Nothing, Held::Write),
+        "upgraded in place once the read set's Δ is over"
+    );
+}
+
+#[test]
 fn section_7_1_option_queues_an_invalidation_with_less_than_a_round_trip_left() {
     let config = CoreConfig {
         honour_within_ns: Some(TICK + TICK / 2),

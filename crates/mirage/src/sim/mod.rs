@@ -260,7 +260,7 @@ impl Sim {
                 Nanos(0),
                 Event::Attach {
                     segment,
-                    process: ProcessId(s as u32 + 1_000_000),
+                    process: site_process(s),
                 },
             );
             push_sends(&mut inbox, s, acts);
@@ -449,6 +449,24 @@ impl Sim {
             self.oracle
                 .check_swmr(&self.sites, seg, self.segment_pages, now);
             assert!(self.oracle.ok(), "oracle: {:?}", self.oracle.violations);
+        }
+    }
+
+    /// An exiting process detaches; with the site's last process goes the
+    /// site's own attachment (made by [`Sim::create_segment`]), so the
+    /// site releases its copies.
+    pub(crate) fn detach_process(&mut self, pid: Pid, segment: SegmentId) {
+        let site = self.procs[pid].site;
+        let process = self.procs[pid].pid_core;
+        self.core(site, Event::Detach { segment, process });
+        let last_here = self
+            .procs
+            .iter()
+            .all(|p| p.site != site || p.program.is_none() || p.state == PState::Done);
+        if last_here {
+            self.note(site, || "detach (last process exited)".into());
+            let process = site_process(site);
+            self.core(site, Event::Detach { segment, process });
         }
     }
 
@@ -655,6 +673,11 @@ impl Sim {
             ServerJob::SendPage { to, msg } => self.arrive(site, to, msg, now),
         }
     }
+}
+
+/// The process id a site's setup attachment is made under.
+fn site_process(site: usize) -> ProcessId {
+    ProcessId(site as u32 + 1_000_000)
 }
 
 fn push_sends(inbox: &mut VecDeque<(usize, SiteId, Msg)>, from: usize, actions: Vec<Action>) {

@@ -373,6 +373,12 @@ impl Sim {
         let now = self.now_ns();
         self.marks[pid].push(now);
         self.cpus[site].current = None;
+        // A process that exits detaches its segments (System V: exit
+        // detaches); the site's attachment goes with its last process, so
+        // a write copy is checked back in rather than kept for nobody.
+        if let Some(segment) = self.segment {
+            self.detach_process(pid, segment);
+        }
         self.dispatch(site);
     }
 
