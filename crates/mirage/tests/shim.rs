@@ -576,7 +576,9 @@ fn killing_the_only_holder_of_a_page_gives_sigbus_not_zeros() {
     assert!(out.contains("r 1 1") && !out.contains("r 0"), "{out}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("segment 0.0 page 0") && err.contains("dead: b") && err.contains("SIGBUS"),
+        err.contains("segment 0.0 page 0")
+            && err.contains("only current copy was at site b, which is dead")
+            && err.contains("SIGBUS"),
         "{err}"
     );
     eprint!("{err}");

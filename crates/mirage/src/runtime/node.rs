@@ -206,6 +206,29 @@ pub(crate) enum Api {
     CheckIn {
         reply: Sender<Vec<Receiver<()>>>,
     },
+    /// The Rust API's checked access: copy `len` bytes at `at` of `page`
+    /// of attach `process` out (`write: None`) or in, under the core's
+    /// lock, if the page is held here with that right.
+    Copy {
+        process: u32,
+        page: u32,
+        at: usize,
+        len: usize,
+        write: Option<Vec<u8>>,
+        reply: Sender<CopyAnswer>,
+    },
+}
+
+/// The answer to [`Api::Copy`].
+pub(crate) enum CopyAnswer {
+    /// Copied (the bytes read; empty for a write).
+    Done(Vec<u8>),
+    /// Not held: a fault went to the protocol; ask again once this fires.
+    Retry(Receiver<()>),
+    /// The page is lost here: the dead site holding its only current
+    /// copy, when known (None: a request timed out), and why.
+    Lost(Option<String>, String),
+    Error(ShmError),
 }
 
 /// Where an attach maps the segment.
@@ -240,6 +263,8 @@ enum Waiter {
     Remote(Arc<Client>, u64),
     /// In this process, asleep in the kernel on a userfaultfd page.
     Uffd(Arc<super::uffd::Uffd>, usize),
+    /// A checked access of the Rust API: it asks again when released.
+    Api(Sender<()>),
 }
 
 impl Waiter {
@@ -260,6 +285,9 @@ impl Waiter {
                     super::uffd::poison(page_addr, ps);
                 }
                 u.wake(page_addr, ps);
+            }
+            Waiter::Api(tx) => {
+                let _ = tx.send(());
             }
             Waiter::Remote(c, slot) => {
                 let v = match value {
@@ -1330,7 +1358,86 @@ impl CoreLoop {
             Api::CheckIn { reply } => {
                 let _ = reply.send(self.check_in());
             }
+            Api::Copy {
+                process,
+                page,
+                at,
+                len,
+                write,
+                reply,
+            } => {
+                let _ = reply.send(self.copy(process, page, at, len, write));
+            }
         }
+    }
+
+    /// [`Api::Copy`]: never touches an attach mapping, so it never faults;
+    /// a lost page is an error, not a SIGBUS.
+    fn copy(
+        &mut self,
+        process: u32,
+        page: u32,
+        at: usize,
+        len: usize,
+        write: Option<Vec<u8>>,
+    ) -> CopyAnswer {
+        if self.shared.checking_in.load(Ordering::SeqCst) {
+            return CopyAnswer::Error(ShmError::Os("the site daemon is stopping".into()));
+        }
+        let Some(a) = self.attaches.get(&process) else {
+            return CopyAnswer::Error(ShmError::Invalid);
+        };
+        let (segment, readonly) = (a.segment, a.readonly);
+        if write.is_some() && readonly {
+            return CopyAnswer::Error(ShmError::Access);
+        }
+        let Some(mem) = self.segs.get(&segment) else {
+            return CopyAnswer::Error(ShmError::Invalid);
+        };
+        if page as usize >= mem.pages || at + len > mem.page_bytes {
+            return CopyAnswer::Error(ShmError::Invalid);
+        }
+        let pg = PageNo(page);
+        let access = if write.is_some() {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        let held = self
+            .site
+            .page_view(segment, pg)
+            .map_or(Held::Nothing, |v| v.held);
+        if held.allows(access) && !mem.is_frozen() {
+            return match write {
+                Some(data) => {
+                    mem.write_at(pg, at, &data);
+                    CopyAnswer::Done(Vec::new())
+                }
+                None => CopyAnswer::Done(mem.page(pg)[at..at + len].to_vec()),
+            };
+        }
+        let dead = self
+            .site
+            .lost_pages()
+            .into_iter()
+            .find(|(s, p, _)| *s == segment && *p == pg)
+            .map(|(_, _, d)| d);
+        if let Some(why) = self.lost.get(&(segment, pg)).cloned() {
+            let site = dead.map(|d| self.shared.config.name(d).to_string());
+            return CopyAnswer::Lost(site, why);
+        }
+        let (tx, rx) = mpsc::channel();
+        self.fault_from(
+            process,
+            page,
+            if write.is_some() {
+                fault::ACCESS_WRITE
+            } else {
+                fault::ACCESS_READ
+            },
+            Waiter::Api(tx),
+        );
+        CopyAnswer::Retry(rx)
     }
 
     /// The core's view of this site, as text (`mmulab dsm status`).
