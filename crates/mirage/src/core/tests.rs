@@ -707,7 +707,10 @@ fn when_a_read_sets_clock_site_dies_the_lowest_surviving_reader_takes_over() {
     assert!(net.sites[0].lost_pages().is_empty());
     net.reset_log();
     net.fault(3, 0, Access::Write);
-    assert_eq!((net.held(2, 0), net.held(3, 0)), (Held::Nothing, Held::Write));
+    assert_eq!(
+        (net.held(2, 0), net.held(3, 0)),
+        (Held::Nothing, Held::Write)
+    );
     assert!(!net.wire.iter().any(|(_, to, _)| *to == SiteId(1)));
 }
 
@@ -733,7 +736,8 @@ fn an_invalidation_does_not_wait_for_a_dead_readers_ack() {
         }
         net.ev(to.0, Event::Received { from, msg });
     }
-    net.inflight.retain(|(f, t, _)| *f != SiteId(2) && *t != SiteId(2));
+    net.inflight
+        .retain(|(f, t, _)| *f != SiteId(2) && *t != SiteId(2));
     for s in [0, 1, 3] {
         net.ev(s, Event::SiteDead { site: SiteId(2) });
     }

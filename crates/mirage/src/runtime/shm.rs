@@ -354,7 +354,8 @@ impl Dsm {
     pub fn write_at(&self, base: *mut u8, offset: usize, data: &[u8]) -> Result<(), DsmError> {
         let mut done = 0;
         while done < data.len() {
-            done += self.access(base, offset + done, data.len() - done, Some(&data[done..]))?
+            done += self
+                .access(base, offset + done, data.len() - done, Some(&data[done..]))?
                 .len();
         }
         Ok(())
