@@ -100,12 +100,12 @@ impl LibrarySegment {
 }
 
 /// The library's page, or why a peer's message cannot name it.
-fn lib_page_mut<'a>(
-    libraries: &'a mut BTreeMap<SegmentId, LibrarySegment>,
+fn lib_page_mut(
+    libraries: &mut BTreeMap<SegmentId, LibrarySegment>,
     me: SiteId,
     segment: SegmentId,
     page: PageNo,
-) -> Result<(&'a mut LibrarySegment, usize), String> {
+) -> Result<(&mut LibrarySegment, usize), String> {
     let lib = lib_seg_mut(libraries, me, segment)?;
     let n = lib.pages.len();
     if page.0 as usize >= n {
