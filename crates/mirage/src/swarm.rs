@@ -71,11 +71,17 @@ pub struct SwarmOutcome {
     pub messages: u64,
     pub events: u64,
     pub destroyed_at_all_sites: bool,
+    /// `Action::PeerError`s and `Action::Fail`s: none in an honest run
+    /// (no site dies, no message is wrong).
+    pub peer_errors: Vec<String>,
 }
 
 impl SwarmOutcome {
     pub fn ok(&self) -> bool {
-        self.oracle.ok() && self.stuck.is_none() && self.destroyed_at_all_sites
+        self.oracle.ok()
+            && self.stuck.is_none()
+            && self.destroyed_at_all_sites
+            && self.peer_errors.is_empty()
     }
 
     pub fn replay_hint(&self) -> String {
@@ -126,10 +132,43 @@ struct Swarm {
     next_value: u64,
     messages: u64,
     destroyed: Vec<bool>,
+    peer_errors: Vec<String>,
+    chaos: Option<Chaos>,
+    /// A separate stream, so that honest runs draw exactly as before.
+    chaos_rng: SimRng,
 }
 
 /// Runs one seed to completion (or to the liveness bound).
 pub fn run_seed(seed: u64, mutation: Mutation) -> SwarmOutcome {
+    run_inner(seed, mutation, None)
+}
+
+/// What a chaos run (`run_seed_chaos`) found besides the honest outcome.
+#[derive(Clone, Debug, Default)]
+pub struct Chaos {
+    /// Wrong messages injected; each must be refused with no effect.
+    pub injected: u64,
+    /// Real messages delivered a second time, out of order.
+    pub duplicated: u64,
+    /// A wrong message that was not refused, or that changed state.
+    pub accepted: Vec<String>,
+}
+
+/// A seed run with a hostile network: besides the honest traffic, wrong
+/// messages (unknown segment, page out of range, a library's message
+/// from a site that is not the library, a library message to a site
+/// that is not the library) from random peers, and duplicates of real
+/// messages delivered late. Checked: no panic, the oracle (every read
+/// the last value written, one writer), every wrong message refused with
+/// no effect on the receiving site's state. Liveness is not required
+/// (a duplicate request may stall a page; it never corrupts one).
+pub fn run_seed_chaos(seed: u64) -> (SwarmOutcome, Chaos) {
+    let mut chaos = Chaos::default();
+    let out = run_inner(seed, Mutation::None, Some(&mut chaos));
+    (out, chaos)
+}
+
+fn run_inner(seed: u64, mutation: Mutation, chaos: Option<&mut Chaos>) -> SwarmOutcome {
     let p = SwarmParams::draw(seed, mutation);
     let peers: Vec<SiteId> = (0..p.sites).map(SiteId).collect();
     let sites = peers
@@ -163,9 +202,15 @@ pub fn run_seed(seed: u64, mutation: Mutation) -> SwarmOutcome {
         next_value: 1,
         messages: 0,
         destroyed: vec![false; p.sites as usize],
+        peer_errors: Vec::new(),
+        chaos: chaos.is_some().then(Chaos::default),
+        chaos_rng: SimRng::new(seed, "swarm-chaos"),
         p,
     };
     let stuck = w.run();
+    if let (Some(c), Some(found)) = (chaos, w.chaos.take()) {
+        *c = found;
+    }
     let destroyed_at_all_sites = w.destroyed.iter().all(|d| *d);
     SwarmOutcome {
         events: w.queue.scheduled(),
@@ -174,6 +219,7 @@ pub fn run_seed(seed: u64, mutation: Mutation) -> SwarmOutcome {
         stuck,
         messages: w.messages,
         destroyed_at_all_sites,
+        peer_errors: w.peer_errors,
     }
 }
 
@@ -208,7 +254,12 @@ impl Swarm {
                 ));
             }
             match ev {
-                Ev::Deliver { from, to, msg } => self.apply(to, Event::Received { from, msg }),
+                Ev::Deliver { from, to, msg } => {
+                    if self.chaos.is_some() {
+                        self.inject(from, to, &msg, segment);
+                    }
+                    self.apply(to, Event::Received { from, msg })
+                }
                 Ev::Timer { site, timer } => self.apply(site, Event::TimerFired(timer)),
                 Ev::Step { proc_index, .. } => self.step(proc_index, segment),
             }
@@ -235,6 +286,116 @@ impl Swarm {
 
     fn now(&self) -> Nanos {
         Nanos(self.queue.now().0)
+    }
+
+    /// Chaos: maybe a wrong variant of `msg` to a chosen site (it must be
+    /// refused, changing nothing), and maybe a late duplicate of `msg`.
+    fn inject(&mut self, from: SiteId, to: SiteId, msg: &Msg, segment: SegmentId) {
+        let n = self.p.sites;
+        if self.chaos_rng.chance(0.1) {
+            let at = self.queue.now().0 + self.chaos_rng.below(20_000_000);
+            let ev = Ev::Deliver {
+                from,
+                to,
+                msg: msg.clone(),
+            };
+            self.queue.push(Cycles(at), ev);
+            self.chaos.as_mut().expect("chaos").duplicated += 1;
+        }
+        if !self.chaos_rng.chance(0.2) {
+            return;
+        }
+        let lib = segment.library;
+        let attached = |w: &Swarm, s: SiteId| {
+            w.sites[s.0 as usize]
+                .page_view(segment, PageNo(0))
+                .is_some()
+        };
+        let mut m = msg.clone();
+        let library_role = matches!(
+            m,
+            Msg::Request { .. }
+                | Msg::Refused { .. }
+                | Msg::Done { .. }
+                | Msg::CheckedIn { .. }
+                | Msg::Attach { .. }
+                | Msg::Detach { .. }
+        );
+        let library_only = matches!(
+            m,
+            Msg::Recall { .. }
+                | Msg::ForgetReader { .. }
+                | Msg::AttachOk { .. }
+                | Msg::DetachOk { .. }
+                | Msg::Destroyed { .. }
+                | Msg::Lost { .. }
+                | Msg::ClockMoved { .. }
+        );
+        let (mut sender, mut target) = (from, to);
+        let pick = self.chaos_rng.below(4);
+        let how = match pick {
+            // A page out of range, to a site that knows the segment.
+            0 if page_mut(&mut m).is_some() => {
+                let extra = self.chaos_rng.range_inclusive(0, 1000) as u32;
+                *page_mut(&mut m).expect("a page") = PageNo(self.p.pages + extra);
+                target = if library_role {
+                    lib
+                } else {
+                    SiteId(self.chaos_rng.below(n as u64) as u16)
+                };
+                if !library_role && !attached(self, target) {
+                    return;
+                }
+                "page out of range"
+            }
+            // An unknown segment (a destroyed one is announced to all:
+            // its announcement and an invalidation of it are legitimate).
+            1 if !matches!(
+                m,
+                Msg::Destroyed { .. } | Msg::Invalidate { .. } | Msg::Attach { .. }
+            ) =>
+            {
+                *segment_mut(&mut m) = SegmentId {
+                    library: lib,
+                    serial: 1000 + self.chaos_rng.below(1000) as u32,
+                };
+                "unknown segment"
+            }
+            // A library's message from a site that is not its library.
+            2 if library_only && n > 1 => {
+                sender = SiteId((lib.0 + 1 + self.chaos_rng.below(n as u64 - 1) as u16) % n);
+                "library message from another site"
+            }
+            // A library-role message to a site that is not the library.
+            3 if library_role && n > 1 => {
+                target = SiteId((lib.0 + 1 + self.chaos_rng.below(n as u64 - 1) as u16) % n);
+                "library message to another site"
+            }
+            _ => return,
+        };
+        let before = self.sites[target.0 as usize].state_digest();
+        let now = self.now();
+        let desc = format!("{how}: {m:?} from {sender:?} to {target:?}");
+        let actions = self.sites[target.0 as usize].handle(
+            now,
+            Event::Received {
+                from: sender,
+                msg: m,
+            },
+        );
+        let after = self.sites[target.0 as usize].state_digest();
+        let c = self.chaos.as_mut().expect("chaos");
+        c.injected += 1;
+        let refused = !actions.is_empty()
+            && actions
+                .iter()
+                .all(|a| matches!(a, Action::PeerError { site, .. } if *site == sender));
+        if !refused || before != after {
+            c.accepted.push(format!(
+                "{desc}: actions {actions:?}, state changed: {}",
+                before != after
+            ));
+        }
     }
 
     /// Hands an event to a site and carries out its actions.
@@ -313,6 +474,14 @@ impl Swarm {
                         .check_revoke(site, page, v.install_time, v.window_ticks, tick, now);
                 }
             }
+            Action::PeerError { site: from, reason } => self.peer_errors.push(format!(
+                "at site {}: from site {}: {reason}",
+                site.0, from.0
+            )),
+            Action::Fail { process, page, .. } => self.peer_errors.push(format!(
+                "at site {}: {process:?} failed on {page:?}",
+                site.0
+            )),
             Action::Install { .. } | Action::Log(_) => {}
         }
     }
@@ -427,5 +596,45 @@ impl Swarm {
         }
         self.procs[i].ops_left -= 1;
         self.schedule_step(i);
+    }
+}
+
+fn page_mut(m: &mut Msg) -> Option<&mut PageNo> {
+    match m {
+        Msg::Request { page, .. }
+        | Msg::Recall { page, .. }
+        | Msg::Refused { page, .. }
+        | Msg::Done { page, .. }
+        | Msg::Invalidate { page, .. }
+        | Msg::InvalidateAck { page, .. }
+        | Msg::Page { page, .. }
+        | Msg::Upgrade { page, .. }
+        | Msg::CheckedIn { page, .. }
+        | Msg::ForgetReader { page, .. }
+        | Msg::Lost { page, .. }
+        | Msg::ClockMoved { page, .. } => Some(page),
+        _ => None,
+    }
+}
+
+fn segment_mut(m: &mut Msg) -> &mut SegmentId {
+    match m {
+        Msg::Request { segment, .. }
+        | Msg::Recall { segment, .. }
+        | Msg::Refused { segment, .. }
+        | Msg::Done { segment, .. }
+        | Msg::Invalidate { segment, .. }
+        | Msg::InvalidateAck { segment, .. }
+        | Msg::Page { segment, .. }
+        | Msg::Upgrade { segment, .. }
+        | Msg::CheckedIn { segment, .. }
+        | Msg::ForgetReader { segment, .. }
+        | Msg::Lost { segment, .. }
+        | Msg::ClockMoved { segment, .. }
+        | Msg::Attach { segment }
+        | Msg::AttachOk { segment, .. }
+        | Msg::Detach { segment }
+        | Msg::DetachOk { segment }
+        | Msg::Destroyed { segment } => segment,
     }
 }

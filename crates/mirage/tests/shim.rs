@@ -576,7 +576,9 @@ fn killing_the_only_holder_of_a_page_gives_sigbus_not_zeros() {
     assert!(out.contains("r 1 1") && !out.contains("r 0"), "{out}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("segment 0.0 page 0") && err.contains("dead: b") && err.contains("SIGBUS"),
+        err.contains("segment 0.0 page 0")
+            && err.contains("only current copy was at site b, which is dead")
+            && err.contains("SIGBUS"),
         "{err}"
     );
     eprint!("{err}");
@@ -745,4 +747,76 @@ fn a_forked_child_is_re_armed_before_fork_returns() {
             eprintln!("negative control (no re-arm) read: {read:?}");
         }
     }
+}
+
+/// The Rust API's checked accessors on a lost page: kill -9 of the site
+/// holding page 0's only current copy; `read_at` and `write_at` on page 0
+/// return `DsmError::PageLost` naming segment, page and the dead site (a
+/// raw access would get SIGBUS, as in C), in bounded time; page 1, of
+/// which this site holds a read copy, still reads the current value.
+#[test]
+fn the_rust_api_returns_page_lost_instead_of_sigbus() {
+    use mmulab_mirage::runtime::shm::DsmError;
+    let Some(mut d) = Deaths::start("rustlost") else {
+        return;
+    };
+    let a1 = d.tool(
+        "a",
+        &[
+            "0x5252", "c", "2", "w", "1", "7", "p", "ready", "s", "600000",
+        ],
+    );
+    d.expect_line(a1, "ready");
+    let b1 = d.tool(
+        "b",
+        &[
+            "0x5252", "g", "w", "0", "42", "r", "1", "p", "ready", "s", "600000",
+        ],
+    );
+    d.expect_line(b1, "ready");
+    let shmid = d.a.shmget(0x5252, 2 * 4096, 0).unwrap();
+    let base = d.a.shmat(shmid, None, 0).unwrap();
+    let mut word = [0u8; 8];
+    // Before the kill: the checked read brings page 0 from b.
+    d.a.read_at(base, 0, &mut word).unwrap();
+    assert_eq!(i64::from_ne_bytes(word), 42);
+    // b writes page 0 again, so that its only current copy is at b.
+    let b2 = d.tool("b", &["0x5252", "g", "w", "0", "43", "p", "again"]);
+    d.expect_line(b2, "again");
+    let site_b = d.take(0);
+    // SAFETY: kill(2) of our own child.
+    unsafe { nix::libc::kill(site_b.id() as i32, nix::libc::SIGKILL) };
+    let mut site_b = site_b;
+    let _ = site_b.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.a.status_text().contains("DEAD") {
+        assert!(Instant::now() < deadline, "b's death went unnoticed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    let err = d.a.read_at(base, 0, &mut word).unwrap_err();
+    match &err {
+        DsmError::PageLost {
+            segment,
+            page,
+            site,
+            reason,
+        } => {
+            assert_eq!((segment.as_str(), *page), ("0.0", 0), "{err}");
+            assert_eq!(site.as_deref(), Some("b"), "{err}");
+            assert!(reason.contains("only current copy was at site b"), "{err}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(matches!(
+        d.a.write_at(base, 8, &[1; 8]),
+        Err(DsmError::PageLost { page: 0, .. })
+    ));
+    assert!(started.elapsed() < Duration::from_secs(5), "not bounded");
+    // Page 1's read copy here is current and stays readable.
+    d.a.read_at(base, 4096, &mut word).unwrap();
+    assert_eq!(i64::from_ne_bytes(word), 7);
+    let status = d.a.status_text();
+    assert!(status.contains("segment 0.0 page 0: lost"), "{status}");
+    d.a.shmdt(base).unwrap();
 }

@@ -45,6 +45,9 @@ pub(crate) struct InFlight {
     want: Want,
     grant_epoch: u64,
     refused: bool,
+    /// A refusal was received and its retry timer is set: a second
+    /// refusal of the same op is a duplicate.
+    retry_pending: bool,
     release_of: Option<SiteId>,
 }
 
@@ -60,6 +63,8 @@ pub(crate) struct LibPage {
     clock_epoch: u64,
     /// The checked-in copy.
     bytes: Vec<u8>,
+    /// Lost with this dead site: every request fails from now on.
+    lost: Option<SiteId>,
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +76,8 @@ pub(crate) struct LibrarySegment {
     pages: Vec<LibPage>,
     next_op: u64,
     pub(crate) log: Vec<LogEntry>,
+    /// Sites declared dead while the segment existed.
+    dead: BTreeSet<SiteId>,
 }
 
 impl LibrarySegment {
@@ -83,6 +90,50 @@ impl LibrarySegment {
             .iter()
             .all(|p| p.inflight.is_none() && p.queue.is_empty())
     }
+
+    pub(crate) fn lost_pages(&self) -> impl Iterator<Item = (PageNo, SiteId)> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.lost.map(|d| (PageNo(i as u32), d)))
+    }
+}
+
+/// The library's page, or why a peer's message cannot name it.
+fn lib_page_mut(
+    libraries: &mut BTreeMap<SegmentId, LibrarySegment>,
+    me: SiteId,
+    segment: SegmentId,
+    page: PageNo,
+) -> Result<(&mut LibrarySegment, usize), String> {
+    let lib = lib_seg_mut(libraries, me, segment)?;
+    let n = lib.pages.len();
+    if page.0 as usize >= n {
+        return Err(format!(
+            "page {} out of range (segment {}.{} has {n} pages)",
+            page.0, segment.library.0, segment.serial
+        ));
+    }
+    Ok((lib, page.0 as usize))
+}
+
+fn lib_seg_mut(
+    libraries: &mut BTreeMap<SegmentId, LibrarySegment>,
+    me: SiteId,
+    segment: SegmentId,
+) -> Result<&mut LibrarySegment, String> {
+    if segment.library != me {
+        return Err(format!(
+            "segment {}.{} has its library at site {}, not here",
+            segment.library.0, segment.serial, segment.library.0
+        ));
+    }
+    libraries.get_mut(&segment).ok_or_else(|| {
+        format!(
+            "segment {}.{} is unknown (never created or destroyed)",
+            segment.library.0, segment.serial
+        )
+    })
 }
 
 impl Site {
@@ -104,6 +155,7 @@ impl Site {
             epoch: 0,
             clock_epoch: 0,
             bytes: vec![0; geometry.page_bytes as usize],
+            lost: None,
         };
         let lib = LibrarySegment {
             pages: vec![page; geometry.pages as usize],
@@ -112,42 +164,53 @@ impl Site {
             releasing: BTreeMap::new(),
             next_op: 1,
             log: Vec::new(),
+            dead: BTreeSet::new(),
         };
         self.libraries.insert(segment, lib);
         self.actions.push(Action::Created { segment, process });
     }
 
+    /// Per-page Δ at the library; ignored for a segment or page not
+    /// (or no longer) in this library.
     pub(crate) fn set_window(&mut self, segment: SegmentId, page: PageNo, ticks: u32) {
-        let lib = self
+        if let Some(lp) = self
             .libraries
             .get_mut(&segment)
-            .expect("SetWindow at the library site only");
-        lib.pages[page.0 as usize].window_ticks = ticks;
+            .and_then(|l| l.pages.get_mut(page.0 as usize))
+        {
+            lp.window_ticks = ticks;
+        }
     }
 
-    pub(crate) fn lib_attach(&mut self, from: SiteId, segment: SegmentId) {
+    pub(crate) fn lib_attach(&mut self, from: SiteId, segment: SegmentId) -> Result<(), String> {
+        if segment.library != self.id {
+            return Err(format!(
+                "segment {}.{} has its library at site {}, not here",
+                segment.library.0, segment.serial, segment.library.0
+            ));
+        }
         let Some(lib) = self.libraries.get_mut(&segment) else {
             // Attaching a destroyed segment: tell the site it is gone.
             self.send(from, Msg::Destroyed { segment });
-            return;
+            return Ok(());
         };
+        if lib.dead.contains(&from) {
+            return Err("the site was declared dead while the segment existed".into());
+        }
         lib.attached_sites.insert(from);
         let geometry = lib.geometry.clone();
         self.send(from, Msg::AttachOk { segment, geometry });
+        Ok(())
     }
 
     /// A site's last process detached (§2.2). Its copies are given up page
     /// by page through the page queues, so that no release races an
     /// in-flight grant.
-    pub(crate) fn lib_detach(&mut self, from: SiteId, segment: SegmentId) {
-        let lib = self
-            .libraries
-            .get_mut(&segment)
-            .expect("detach of a segment created here");
-        assert!(
-            lib.attached_sites.remove(&from),
-            "{from:?} detaches without being attached"
-        );
+    pub(crate) fn lib_detach(&mut self, from: SiteId, segment: SegmentId) -> Result<(), String> {
+        let lib = lib_seg_mut(&mut self.libraries, self.id, segment)?;
+        if !lib.attached_sites.remove(&from) {
+            return Err("a detach from a site not attached".into());
+        }
         lib.releasing.insert(from, lib.geometry.pages);
         for p in 0..lib.geometry.pages {
             lib.pages[p as usize]
@@ -157,6 +220,7 @@ impl Site {
         for p in 0..lib.geometry.pages {
             self.lib_step(segment, PageNo(p));
         }
+        Ok(())
     }
 
     pub(crate) fn lib_request(
@@ -166,12 +230,21 @@ impl Site {
         page: PageNo,
         access: Access,
         process: ProcessId,
-    ) {
+    ) -> Result<(), String> {
         let now = self.now;
-        let lib = self
-            .libraries
-            .get_mut(&segment)
-            .expect("request for a segment created here");
+        let (lib, p) = lib_page_mut(&mut self.libraries, self.id, segment, page)?;
+        if !lib.attached_sites.contains(&from) {
+            return Err("a request from a site not attached".into());
+        }
+        // A site has at most one unanswered request per page; the one
+        // before it left the queue when it was granted.
+        let queued = lib.pages[p]
+            .queue
+            .iter()
+            .any(|q| matches!(q, Queued::Access { site, .. } if *site == from));
+        if queued {
+            return Err("a second request while one is queued".into());
+        }
         // §9: every request reaching the library is logged; faults on sites
         // that hold a valid copy never get here (the holder wakes them).
         let entry = LogEntry {
@@ -184,12 +257,13 @@ impl Site {
         };
         lib.log.push(entry.clone());
         self.actions.push(Action::Log(entry));
-        lib.pages[page.0 as usize].queue.push_back(Queued::Access {
+        lib.pages[p].queue.push_back(Queued::Access {
             site: from,
             access,
             process,
         });
         self.lib_step(segment, page);
+        Ok(())
     }
 
     /// Processes the page's queue until a request needs the clock site.
@@ -205,6 +279,17 @@ impl Site {
             let Some(head) = lp.queue.pop_front() else {
                 return;
             };
+            if let (Some(dead), Queued::Access { site, .. }) = (lp.lost, &head) {
+                // Coherence before availability: a lost page fails.
+                let site = *site;
+                let msg = Msg::Lost {
+                    segment,
+                    page,
+                    site: dead,
+                };
+                self.send(site, msg);
+                continue;
+            }
             match head {
                 Queued::Release { site } => self.lib_release(segment, page, site),
                 Queued::Access {
@@ -226,7 +311,47 @@ impl Site {
 
     /// Table 1, seen from the library: a checked-in page is served here;
     /// otherwise the request goes to the clock site only (§6.1).
-    fn lib_grant(&mut self, segment: SegmentId, page: PageNo, want: Want) {
+    fn lib_grant(&mut self, segment: SegmentId, page: PageNo, mut want: Want) {
+        // A request for what the site already holds (a duplicate, seen
+        // only once the earlier grant completed) is dropped here: no op,
+        // no message, a peer error.
+        let lib = self.libraries.get_mut(&segment).expect("library");
+        let lp = &lib.pages[page.0 as usize];
+        let redundant: Vec<SiteId> = match (&lp.holders, &mut want) {
+            (Holders::Writer(w), Want::Write(site)) if w == site => vec![*site],
+            (Holders::Writer(w), Want::Read(sites)) => {
+                let r = sites.iter().copied().filter(|s| s == w).collect();
+                sites.retain(|s| s != w);
+                r
+            }
+            (Holders::Readers { mask, .. }, Want::Read(sites)) => {
+                let r = sites
+                    .iter()
+                    .copied()
+                    .filter(|s| mask.contains_key(s))
+                    .collect();
+                sites.retain(|s| !mask.contains_key(s));
+                r
+            }
+            _ => Vec::new(),
+        };
+        let empty = match &want {
+            Want::Write(site) => redundant.contains(site),
+            Want::Read(sites) => sites.is_empty(),
+            Want::CheckIn => false,
+        };
+        for site in redundant {
+            self.peer_error(
+                site,
+                format!(
+                    "request: segment {}.{} page {}: asks for a copy it already holds",
+                    segment.library.0, segment.serial, page.0
+                ),
+            );
+        }
+        if empty {
+            return;
+        }
         let lib = self.libraries.get_mut(&segment).expect("library");
         let op = lib.next_op;
         lib.next_op += 1;
@@ -257,18 +382,6 @@ impl Site {
                 self.lib_serve_readers(segment, page, op, sites);
                 return;
             }
-            (Holders::Writer(w), Want::Write(site)) => {
-                assert_ne!(w, site, "the writer cannot fault for write")
-            }
-            (Holders::Writer(w), Want::Read(sites)) => {
-                assert!(!sites.contains(w), "the writer cannot fault for read")
-            }
-            (Holders::Readers { mask, .. }, Want::Read(sites)) => {
-                assert!(
-                    sites.iter().all(|s| !mask.contains_key(s)),
-                    "a reader cannot fault for read"
-                );
-            }
             _ => {}
         }
         let clock = lp.holders.clock();
@@ -288,6 +401,7 @@ impl Site {
             want,
             grant_epoch,
             refused: false,
+            retry_pending: false,
             release_of: None,
         });
         self.send(clock, msg);
@@ -332,11 +446,17 @@ impl Site {
     fn lib_release(&mut self, segment: SegmentId, page: PageNo, site: SiteId) {
         let lib = self.libraries.get_mut(&segment).expect("library");
         let lp = &mut lib.pages[page.0 as usize];
+        if lp.lost.is_some() {
+            // Nothing to check in: the site drops what it holds of a lost
+            // page when its detach completes.
+            self.lib_released_one(segment, site);
+            return;
+        }
         let is_clock = match &mut lp.holders {
             Holders::Writer(w) => *w == site,
             Holders::Readers { clock, .. } if *clock == site => true,
             Holders::Readers { mask, clock } => {
-                if mask.remove(&site).is_some() {
+                if let Some(reader_epoch) = mask.remove(&site) {
                     let (clock, epoch_min) = (*clock, lp.clock_epoch);
                     self.send(
                         clock,
@@ -344,6 +464,7 @@ impl Site {
                             segment,
                             page,
                             site,
+                            reader_epoch,
                             epoch_min,
                         },
                     );
@@ -377,6 +498,7 @@ impl Site {
             want: Want::CheckIn,
             grant_epoch,
             refused: false,
+            retry_pending: false,
             release_of: Some(site),
         });
         self.send(site, msg);
@@ -384,14 +506,23 @@ impl Site {
 
     fn lib_released_one(&mut self, segment: SegmentId, site: SiteId) {
         let lib = self.libraries.get_mut(&segment).expect("library");
-        let left = lib.releasing.get_mut(&site).expect("site is releasing");
+        let Some(left) = lib.releasing.get_mut(&site) else {
+            // The site was declared dead while it released.
+            return;
+        };
         *left -= 1;
         if *left > 0 {
             return;
         }
         lib.releasing.remove(&site);
         self.send(site, Msg::DetachOk { segment });
-        let lib = &self.libraries[&segment];
+        self.lib_maybe_destroy(segment);
+    }
+
+    fn lib_maybe_destroy(&mut self, segment: SegmentId) {
+        let Some(lib) = self.libraries.get(&segment) else {
+            return;
+        };
         if lib.attached_sites.is_empty() && lib.releasing.is_empty() {
             self.lib_destroy(segment);
         }
@@ -401,7 +532,9 @@ impl Site {
     fn lib_destroy(&mut self, segment: SegmentId) {
         let lib = self.libraries.remove(&segment).expect("library");
         debug_assert!(
-            lib.pages.iter().all(|p| p.holders == Holders::CheckedIn),
+            lib.pages.iter().all(|p| p.holders == Holders::CheckedIn
+                || p.lost.is_some()
+                || !lib.dead.is_empty()),
             "destroyed with pages out"
         );
         for peer in self.peers.clone() {
@@ -409,44 +542,92 @@ impl Site {
         }
     }
 
+    /// `Done` from a peer: it must answer the in-flight op, from the
+    /// site the recall went to.
+    pub(crate) fn lib_done_msg(
+        &mut self,
+        from: SiteId,
+        segment: SegmentId,
+        page: PageNo,
+        op: u64,
+    ) -> Result<(), String> {
+        let (lib, p) = lib_page_mut(&mut self.libraries, self.id, segment, page)?;
+        match &lib.pages[p].inflight {
+            Some(f) if f.op == op && f.clock == from && f.want != Want::CheckIn => {}
+            Some(f) if f.op == op && f.clock != from => {
+                return Err(format!("op {op} was sent to site {}", f.clock.0));
+            }
+            _ => return Err(format!("op {op} is not in flight")),
+        }
+        self.lib_done(segment, page, op);
+        Ok(())
+    }
+
     pub(crate) fn lib_done(&mut self, segment: SegmentId, page: PageNo, op: u64) {
         let Some(lib) = self.libraries.get_mut(&segment) else {
             return;
         };
+        let dead = lib.dead.clone();
         let lp = &mut lib.pages[page.0 as usize];
         // A grant installed at the library site reports itself here too
         // (it doubles as `Done`); only the in-flight op counts.
-        let Some(inflight) = lp.inflight.take_if(|f| f.op == op) else {
+        let Some(inflight) = lp
+            .inflight
+            .take_if(|f| f.op == op && f.want != Want::CheckIn)
+        else {
             return;
         };
         match &inflight.want {
             Want::Write(site) => {
                 lp.holders = Holders::Writer(*site);
                 lp.clock_epoch = inflight.grant_epoch;
+                if dead.contains(site) {
+                    // The page went to a site declared dead meanwhile.
+                    lp.lost = Some(*site);
+                }
             }
-            Want::Read(sites) => lp.add_readers(sites, inflight.grant_epoch),
-            Want::CheckIn => unreachable!("a check-in completes with CheckedIn"),
+            Want::Read(sites) => {
+                let live: Vec<SiteId> = sites
+                    .iter()
+                    .copied()
+                    .filter(|s| !dead.contains(s))
+                    .collect();
+                lp.add_readers(&live, inflight.grant_epoch);
+            }
+            Want::CheckIn => {}
         }
         self.lib_after_op(segment, page, inflight.refused);
     }
 
     pub(crate) fn lib_checked_in(
         &mut self,
+        from: SiteId,
         segment: SegmentId,
         page: PageNo,
         op: u64,
         bytes: Vec<u8>,
-    ) {
-        let lib = self.libraries.get_mut(&segment).expect("library");
-        let lp = &mut lib.pages[page.0 as usize];
-        let inflight = lp
-            .inflight
-            .take_if(|f| f.op == op)
-            .expect("check-in answers the in-flight op");
+    ) -> Result<(), String> {
+        let page_bytes = self
+            .libraries
+            .get(&segment)
+            .map_or(0, |l| l.geometry.page_bytes as usize);
+        let (lib, p) = lib_page_mut(&mut self.libraries, self.id, segment, page)?;
+        let lp = &mut lib.pages[p];
+        match &lp.inflight {
+            Some(f) if f.op == op && f.clock == from && f.want == Want::CheckIn => {}
+            _ => return Err(format!("op {op} is no check-in in flight from this site")),
+        }
+        if bytes.len() != page_bytes {
+            return Err(format!("{} bytes for a page of {page_bytes}", bytes.len()));
+        }
+        let inflight = lp.inflight.take().expect("checked above");
         lp.holders = Holders::CheckedIn;
         lp.bytes = bytes;
-        self.lib_released_one(segment, inflight.release_of.expect("check-in is a release"));
+        if let Some(site) = inflight.release_of {
+            self.lib_released_one(segment, site);
+        }
         self.lib_step(segment, page);
+        Ok(())
     }
 
     fn lib_after_op(&mut self, segment: SegmentId, page: PageNo, was_refused: bool) {
@@ -465,22 +646,26 @@ impl Site {
     /// may require two attempts").
     pub(crate) fn lib_refused(
         &mut self,
+        from: SiteId,
         segment: SegmentId,
         page: PageNo,
         op: u64,
         ticks_left: u32,
-    ) {
-        assert!(ticks_left > 0, "a refusal with no time left");
+    ) -> Result<(), String> {
+        if ticks_left == 0 {
+            return Err("a refusal with no time left".into());
+        }
         let tick_ns = self.config.tick_ns;
         let dynamic = self.config.dynamic_delta;
-        let lib = self.libraries.get_mut(&segment).expect("library");
-        let lp = &mut lib.pages[page.0 as usize];
-        let inflight = lp
-            .inflight
-            .as_mut()
-            .filter(|f| f.op == op)
-            .expect("refusal of the in-flight op");
+        let (lib, p) = lib_page_mut(&mut self.libraries, self.id, segment, page)?;
+        let lp = &mut lib.pages[p];
+        let Some(inflight) = lp.inflight.as_mut().filter(|f| {
+            f.op == op && f.clock == from && f.want != Want::CheckIn && !f.retry_pending
+        }) else {
+            return Err(format!("op {op} is not awaiting an answer from this site"));
+        };
         inflight.refused = true;
+        inflight.retry_pending = true;
         if let DynamicDelta::HalveOnRefusal { min_ticks } = dynamic {
             // §8: the new Δ travels with the page on the retried invalidation.
             lp.window_ticks = (lp.window_ticks / 2).max(min_ticks);
@@ -492,6 +677,7 @@ impl Site {
             at,
             timer: Timer::RetryRecall { segment, page, op },
         });
+        Ok(())
     }
 
     pub(crate) fn lib_retry(&mut self, segment: SegmentId, page: PageNo, op: u64) {
@@ -503,6 +689,7 @@ impl Site {
         let Some(inflight) = lp.inflight.as_mut().filter(|f| f.op == op) else {
             return;
         };
+        inflight.retry_pending = false;
         // Readers that queued while the library waited out Δ join the
         // batch: they are granted together with it (§6.1).
         if let Want::Read(batch) = &mut inflight.want {
@@ -523,6 +710,107 @@ impl Site {
         }
         let (clock, msg) = (inflight.clock, inflight.msg.clone());
         self.send(clock, msg);
+    }
+}
+
+impl Site {
+    /// A site was declared dead (library role): pages whose only current
+    /// copy was there are lost at once, and so are pages whose recall was
+    /// in flight at the dead site (the library cannot know what it did
+    /// before dying, and never regrants without the holder's answer).
+    /// The dead site leaves every reader mask; when it was a read set's
+    /// clock site, the surviving reader with the lowest site id becomes
+    /// clock site (documented rule: read copies are identical, so any
+    /// reader holds the most recent copy; the lowest id is deterministic).
+    pub(crate) fn lib_site_dead(&mut self, d: SiteId) {
+        let segs: Vec<SegmentId> = self.libraries.keys().copied().collect();
+        for segment in segs {
+            let lib = self.libraries.get_mut(&segment).expect("library");
+            if !lib.dead.insert(d) {
+                continue;
+            }
+            lib.attached_sites.remove(&d);
+            lib.releasing.remove(&d);
+            let mut sends: Vec<(SiteId, Msg)> = Vec::new();
+            for (i, lp) in lib.pages.iter_mut().enumerate() {
+                let page = PageNo(i as u32);
+                lp.queue.retain(|q| match q {
+                    Queued::Access { site, .. } | Queued::Release { site } => *site != d,
+                });
+                if lp.lost.is_some() {
+                    continue;
+                }
+                if let Some(f) = lp.inflight.take_if(|f| f.clock == d) {
+                    lp.lost = Some(d);
+                    let requesters = match f.want {
+                        Want::Write(s) => vec![s],
+                        Want::Read(v) => v,
+                        Want::CheckIn => Vec::new(),
+                    };
+                    for s in requesters.into_iter().filter(|s| *s != d) {
+                        sends.push((
+                            s,
+                            Msg::Lost {
+                                segment,
+                                page,
+                                site: d,
+                            },
+                        ));
+                    }
+                    continue;
+                }
+                match &mut lp.holders {
+                    Holders::Writer(w) if *w == d => lp.lost = Some(d),
+                    Holders::Readers { mask, clock } => {
+                        let Some(reader_epoch) = mask.remove(&d) else {
+                            continue;
+                        };
+                        if let Some((&new, &epoch)) = mask.iter().next()
+                            && *clock == d
+                        {
+                            *clock = new;
+                            lp.clock_epoch = epoch;
+                            let readers = mask
+                                .iter()
+                                .filter(|(s, _)| **s != new)
+                                .map(|(&site, &epoch)| Reader { site, epoch })
+                                .collect();
+                            sends.push((
+                                new,
+                                Msg::ClockMoved {
+                                    segment,
+                                    page,
+                                    readers,
+                                    epoch_min: epoch,
+                                },
+                            ));
+                        } else if mask.is_empty() {
+                            lp.lost = Some(d);
+                        } else {
+                            sends.push((
+                                *clock,
+                                Msg::ForgetReader {
+                                    segment,
+                                    page,
+                                    site: d,
+                                    reader_epoch,
+                                    epoch_min: lp.clock_epoch,
+                                },
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let pages = lib.geometry.pages;
+            for (to, msg) in sends {
+                self.send(to, msg);
+            }
+            for p in 0..pages {
+                self.lib_step(segment, PageNo(p));
+            }
+            self.lib_maybe_destroy(segment);
+        }
     }
 }
 

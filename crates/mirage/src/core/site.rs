@@ -37,6 +37,12 @@ pub struct AuxPte {
     pub(crate) honour: Option<Msg>,
     /// Invalidation acknowledgements the clock site still waits for.
     pub(crate) collecting: Option<Collecting>,
+    /// The latest recall op this site accepted as clock site: a recall
+    /// with an op not above it is a duplicate.
+    pub(crate) last_op: u64,
+    /// The page is lost (its only current copy was at this dead site):
+    /// a fault needing more than what is held here fails.
+    pub lost: Option<SiteId>,
 }
 
 #[derive(Clone, Debug)]
@@ -57,6 +63,9 @@ pub(crate) struct SiteSegment {
     pub processes: BTreeSet<ProcessId>,
     pub attach_waiters: Vec<ProcessId>,
     pub detach_waiter: Option<ProcessId>,
+    /// The last process detached while a request of this site was still
+    /// unanswered: `Detach` leaves once every grant is in.
+    pub detach_pending: bool,
     pub pages: Vec<AuxPte>,
 }
 
@@ -129,6 +138,7 @@ impl Site {
                 page,
                 ticks,
             } => self.set_window(segment, page, ticks),
+            Event::SiteDead { site } => self.site_dead(site),
         }
         // A colocated library and holder talk through the local queue, so
         // that the protocol is written once whatever the placement.
@@ -146,7 +156,26 @@ impl Site {
         }
     }
 
+    /// A message from a peer. Whatever the peer sends, the core never
+    /// panics: a message it cannot accept is answered by
+    /// `Action::PeerError` and has no other effect.
     fn receive(&mut self, from: SiteId, msg: Msg) {
+        let kind = msg.kind();
+        if let Err(reason) = self.receive_checked(from, msg) {
+            self.peer_error(from, format!("{kind}: {reason}"));
+        }
+    }
+
+    pub(crate) fn peer_error(&mut self, site: SiteId, reason: String) {
+        self.actions.push(Action::PeerError { site, reason });
+    }
+
+    /// Whether `s` is a site of this network.
+    pub(crate) fn known_site(&self, s: SiteId) -> bool {
+        self.peers.contains(&s)
+    }
+
+    fn receive_checked(&mut self, from: SiteId, msg: Msg) -> Result<(), String> {
         match msg {
             Msg::Request {
                 segment,
@@ -159,18 +188,27 @@ impl Site {
                 page,
                 op,
                 ticks_left,
-            } => self.lib_refused(segment, page, op, ticks_left),
-            Msg::Done { segment, page, op } => self.lib_done(segment, page, op),
+            } => self.lib_refused(from, segment, page, op, ticks_left),
+            Msg::Done { segment, page, op } => self.lib_done_msg(from, segment, page, op),
             Msg::CheckedIn {
                 segment,
                 page,
                 op,
                 bytes,
-            } => self.lib_checked_in(segment, page, op, bytes),
+            } => self.lib_checked_in(from, segment, page, op, bytes),
             Msg::Attach { segment } => self.lib_attach(from, segment),
             Msg::Detach { segment } => self.lib_detach(from, segment),
             other => self.holder_receive(from, other),
         }
+    }
+
+    /// The driver declared `site` dead. Never this site itself.
+    fn site_dead(&mut self, site: SiteId) {
+        if site == self.id || !self.known_site(site) {
+            return;
+        }
+        self.lib_site_dead(site);
+        self.holder_site_dead(site);
     }
 
     fn timer(&mut self, timer: Timer) {
@@ -190,6 +228,36 @@ impl Site {
             window_ticks: aux.window_ticks,
             epoch: aux.epoch,
         })
+    }
+
+    /// The whole protocol state of this site, as text: equal digests,
+    /// equal states (tests check that a refused message changed nothing).
+    #[doc(hidden)]
+    pub fn state_digest(&self) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?}",
+            self.segments, self.libraries, self.local, self.next_serial
+        )
+    }
+
+    /// Pages this site knows to be lost, as library or holder, with the
+    /// dead site that held their only current copy.
+    pub fn lost_pages(&self) -> Vec<(SegmentId, PageNo, SiteId)> {
+        let mut v: Vec<(SegmentId, PageNo, SiteId)> = self
+            .libraries
+            .iter()
+            .flat_map(|(s, l)| l.lost_pages().map(move |(p, d)| (*s, p, d)))
+            .collect();
+        for (s, seg) in &self.segments {
+            for (i, aux) in seg.pages.iter().enumerate() {
+                if let Some(d) = aux.lost {
+                    v.push((*s, PageNo(i as u32), d));
+                }
+            }
+        }
+        v.sort_unstable();
+        v.dedup_by_key(|(s, p, _)| (*s, *p));
+        v
     }
 
     /// Reads bytes of a page held here (the driver's memory access).

@@ -555,3 +555,223 @@ fn messages_survive_the_wire_format() {
     let bytes = postcard::to_allocvec(&msg).expect("encode");
     assert_eq!(postcard::from_bytes::<Msg>(&bytes).expect("decode"), msg);
 }
+
+impl Net {
+    /// Hands site `to` a message from `from` directly; returns its actions.
+    fn inject(&mut self, from: u16, to: u16, msg: Msg) -> Vec<Action> {
+        let event = Event::Received {
+            from: SiteId(from),
+            msg,
+        };
+        self.sites[to as usize].handle(Nanos(self.now), event)
+    }
+
+    /// Asserts that a message is refused, naming `from`, with no effect.
+    fn refused(&mut self, from: u16, to: u16, msg: Msg, why: &str) {
+        let before = self.sites[to as usize].state_digest();
+        let acts = self.inject(from, to, msg);
+        assert_eq!(self.sites[to as usize].state_digest(), before, "{why}");
+        assert!(
+            matches!(&acts[..], [Action::PeerError { site, reason }]
+                if *site == SiteId(from) && reason.contains(why)),
+            "{acts:?}"
+        );
+    }
+
+    fn fails(&self, site: u16, page: u32) -> Option<SiteId> {
+        self.actions.iter().find_map(|(s, a)| match a {
+            Action::Fail {
+                process,
+                page: p,
+                site: lost_at,
+                ..
+            } if *s == SiteId(site) && *process == pid(site) && p.0 == page => Some(*lost_at),
+            _ => None,
+        })
+    }
+}
+
+#[test]
+fn peer_messages_that_used_to_panic_are_refused_with_no_effect() {
+    let mut net = Net::new(3, 2, 0, cfg());
+    net.fault(1, 0, Access::Write);
+    net.fault(2, 1, Access::Read);
+    let seg = net.seg;
+    let other = SegmentId {
+        library: SiteId(0),
+        serial: 77,
+    };
+    let request = |segment, page| Msg::Request {
+        segment,
+        page: PageNo(page),
+        access: Access::Read,
+        process: ProcessId(1),
+    };
+    net.refused(1, 0, request(other, 0), "unknown");
+    net.refused(1, 0, request(seg, 9), "out of range");
+    net.refused(1, 2, request(seg, 0), "library at site 0, not here");
+    // An ack from a site that was not invalidated (no op in progress).
+    let ack = Msg::InvalidateAck {
+        segment: seg,
+        page: PageNo(0),
+        op: 1,
+    };
+    net.refused(2, 1, ack, "no invalidation op 1");
+    // A grant older than (or as old as) the copy held, and one not asked for.
+    let epoch = net.sites[1].page_view(seg, PageNo(0)).unwrap().epoch;
+    let page = |epoch, access| Msg::Page {
+        segment: seg,
+        page: PageNo(0),
+        op: 1,
+        epoch,
+        access,
+        bytes: vec![9; 16],
+        window_ticks: 0,
+        clock_of: None,
+    };
+    net.refused(2, 1, page(epoch, Access::Write), "did not ask");
+    net.refused(2, 2, page(epoch + 5, Access::Read), "did not ask");
+    // Recalls only come from the library, and only to the clock site.
+    let recall = Msg::Recall {
+        segment: seg,
+        page: PageNo(0),
+        op: 99,
+        want: Want::Write(SiteId(2)),
+        epoch_min: 0,
+        grant_epoch: 99,
+        window_ticks: 0,
+    };
+    net.refused(2, 1, recall.clone(), "only the library");
+    net.refused(0, 2, recall, "not the page's clock site");
+    // A message kind unexpected for the role.
+    net.refused(0, 1, Msg::DetachOk { segment: seg }, "did not ask");
+    net.refused(
+        2,
+        0,
+        Msg::Done {
+            segment: seg,
+            page: PageNo(0),
+            op: 1,
+        },
+        "not in flight",
+    );
+    // Nothing moved: site 1 still writes page 0.
+    assert_eq!(net.held(1, 0), Held::Write);
+}
+
+#[test]
+fn a_process_may_detach_while_asleep_on_a_fault() {
+    let mut net = Net::new(3, 1, 5, cfg());
+    net.fault(1, 0, Access::Write);
+    net.fault(2, 0, Access::Write); // refused: Δ; site 2 sleeps
+    net.ev(
+        2,
+        Event::Detach {
+            segment: net.seg,
+            process: pid(2),
+        },
+    );
+    net.settle();
+    net.fire_timers(); // the grant comes, and is checked back in
+    assert!(!net.sites[2].is_attached(net.seg));
+    assert!(!net.woken(2), "a detached process is not woken");
+    assert!(
+        net.actions
+            .iter()
+            .any(|(s, a)| *s == SiteId(2) && matches!(a, Action::Detached { .. }))
+    );
+    net.fault(1, 0, Access::Read);
+    assert_eq!(net.held(1, 0), Held::Read, "the page is served again");
+}
+
+#[test]
+fn the_death_of_a_writer_loses_its_page_and_fails_requests_at_once() {
+    let mut net = Net::new(3, 2, 0, cfg());
+    net.fault(1, 0, Access::Write);
+    net.fault(1, 1, Access::Read);
+    net.fault(2, 1, Access::Read);
+    // Site 2 asks for page 0; site 1 dies before answering the recall.
+    net.ev(
+        2,
+        Event::Fault {
+            segment: net.seg,
+            page: PageNo(0),
+            process: pid(2),
+            access: Access::Read,
+        },
+    );
+    // Deliver the request to the library only; the recall to site 1 is lost.
+    let (from, to, msg) = net.inflight.pop_front().unwrap();
+    net.ev(to.0, Event::Received { from, msg });
+    net.inflight.clear();
+    for s in [0, 2] {
+        net.ev(s, Event::SiteDead { site: SiteId(1) });
+    }
+    net.settle();
+    assert_eq!(net.fails(2, 0), Some(SiteId(1)), "the waiting fault fails");
+    assert_eq!(
+        net.sites[0].lost_pages(),
+        [(net.seg, PageNo(0), SiteId(1))],
+        "page 1 had another reader: not lost"
+    );
+    // Later requests fail too, at once; the read copy elsewhere stays.
+    net.reset_log();
+    net.fault(0, 0, Access::Write);
+    assert_eq!(net.fails(0, 0), Some(SiteId(1)));
+    assert_eq!(net.held(2, 1), Held::Read);
+    assert!(!net.wire.iter().any(|(_, to, _)| *to == SiteId(1)));
+}
+
+#[test]
+fn when_a_read_sets_clock_site_dies_the_lowest_surviving_reader_takes_over() {
+    let mut net = Net::new(4, 1, 0, cfg());
+    net.fault(1, 0, Access::Read); // served checked in: site 1 is clock
+    net.fault(2, 0, Access::Read);
+    net.fault(3, 0, Access::Read);
+    assert!(net.clock(1));
+    for s in [0, 2, 3] {
+        net.ev(s, Event::SiteDead { site: SiteId(1) });
+    }
+    net.settle();
+    assert!(net.clock(2), "lowest surviving reader");
+    assert!(net.sites[0].lost_pages().is_empty());
+    net.reset_log();
+    net.fault(3, 0, Access::Write);
+    assert_eq!(
+        (net.held(2, 0), net.held(3, 0)),
+        (Held::Nothing, Held::Write)
+    );
+    assert!(!net.wire.iter().any(|(_, to, _)| *to == SiteId(1)));
+}
+
+#[test]
+fn an_invalidation_does_not_wait_for_a_dead_readers_ack() {
+    let mut net = Net::new(4, 1, 0, cfg());
+    net.fault(1, 0, Access::Read);
+    net.fault(2, 0, Access::Read);
+    net.ev(
+        3,
+        Event::Fault {
+            segment: net.seg,
+            page: PageNo(0),
+            process: pid(3),
+            access: Access::Write,
+        },
+    );
+    // Run until site 1 (clock) has sent its invalidation to site 2, then
+    // site 2 dies with the invalidation unanswered.
+    while let Some((from, to, msg)) = net.inflight.pop_front() {
+        if to == SiteId(2) {
+            break;
+        }
+        net.ev(to.0, Event::Received { from, msg });
+    }
+    net.inflight
+        .retain(|(f, t, _)| *f != SiteId(2) && *t != SiteId(2));
+    for s in [0, 1, 3] {
+        net.ev(s, Event::SiteDead { site: SiteId(2) });
+    }
+    net.settle();
+    assert_eq!(net.held(3, 0), Held::Write);
+    assert!(net.woken(3));
+}

@@ -247,11 +247,14 @@ pub enum Msg {
         op: u64,
         bytes: Vec<u8>,
     },
-    /// Library to clock site: a non-clock reader left (detach).
+    /// Library to clock site: a non-clock reader left (detach, death).
+    /// `reader_epoch` is the epoch of the reader's grant: a reader granted
+    /// again since is not forgotten.
     ForgetReader {
         segment: SegmentId,
         page: PageNo,
         site: SiteId,
+        reader_epoch: u64,
         epoch_min: u64,
     },
     Attach {
@@ -270,6 +273,21 @@ pub enum Msg {
     /// The last detach destroyed the segment (§2.2); sent to every site.
     Destroyed {
         segment: SegmentId,
+    },
+    /// Library to a requester: the page is lost, its only current copy
+    /// was at `site`, declared dead (coherence before availability).
+    Lost {
+        segment: SegmentId,
+        page: PageNo,
+        site: SiteId,
+    },
+    /// Library to a surviving reader: the clock site died, this reader is
+    /// the page's clock site now, with these other readers.
+    ClockMoved {
+        segment: SegmentId,
+        page: PageNo,
+        readers: Vec<Reader>,
+        epoch_min: u64,
     },
 }
 
@@ -321,6 +339,8 @@ impl Msg {
             Msg::Detach { .. } => "detach",
             Msg::DetachOk { .. } => "detach-ok",
             Msg::Destroyed { .. } => "destroyed",
+            Msg::Lost { .. } => "lost",
+            Msg::ClockMoved { .. } => "clock-moved",
         }
     }
 }
@@ -359,6 +379,11 @@ pub enum Event {
         segment: SegmentId,
         page: PageNo,
         ticks: u32,
+    },
+    /// The driver declared a peer dead (heartbeat silence, connection
+    /// loss). Pages whose only current copy was there are lost at once.
+    SiteDead {
+        site: SiteId,
     },
 }
 
@@ -414,5 +439,21 @@ pub enum Action {
     /// The segment no longer exists at this site.
     Destroyed {
         segment: SegmentId,
+    },
+    /// A sleeping faulter's page is lost: its only current copy was at
+    /// `site`, declared dead. The fault fails (SIGBUS, or an error from
+    /// the Rust API); it is never answered with an older copy.
+    Fail {
+        process: ProcessId,
+        segment: SegmentId,
+        page: PageNo,
+        site: SiteId,
+    },
+    /// A peer sent a message this site cannot accept (unknown segment or
+    /// page, a kind unexpected for the role, a stale or duplicate answer).
+    /// The message had no effect: the driver logs the peer and drops it.
+    PeerError {
+        site: SiteId,
+        reason: String,
     },
 }

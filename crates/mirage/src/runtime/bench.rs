@@ -75,10 +75,11 @@ pub struct BenchReport {
     pub fault_path: String,
     /// Frames sent by both sites per timed cycle (write at a + read at b).
     pub frames_per_cycle: f64,
-    /// fleisch89 Fig. 4's ping-pong across the two sites, per Δ (full
-    /// runs only; empty with `--quick`).
+    /// fleisch89 Fig. 4's ping-pong across the two sites, per Δ (three
+    /// Δ values of 200 ms each with `--quick`).
     pub pingpong: Vec<PingPongPoint>,
-    /// fleisch89 §8's two conflicting read-writers, per Δ (full runs only).
+    /// fleisch89 §8's two conflicting read-writers, per Δ (three Δ values
+    /// with `--quick`).
     pub read_writers: Vec<ReadWritersPoint>,
     pub wall_ms: u64,
 }
@@ -333,26 +334,32 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
     if quick && started.elapsed() > Duration::from_secs(60) {
         return Err(BenchError::Failed("bench ran past a minute".into()));
     }
-    let pingpong = if quick {
-        Vec::new()
+    // `--quick`: a small sweep (three Δ values, short runs), enough to
+    // see the shapes' direction in a few seconds; the full sweep otherwise.
+    let (pp_deltas, pp_for, rw_deltas, rw_for): (&[u32], u64, &[u32], u64) = if quick {
+        (&[0, 2, 10], 200, &[0, 5, 50], 200)
     } else {
-        let mut v = Vec::new();
-        for yield_ in [true, false] {
-            for delta_ticks in [0, 1, 2, 5, 10] {
-                v.push(pingpong(delta_ticks, yield_, Duration::from_millis(700))?);
-            }
-        }
-        v
+        (&[0, 1, 2, 5, 10], 700, &[0, 1, 2, 5, 10, 20, 50], 500)
     };
-    let read_writers = if quick {
-        Vec::new()
-    } else {
-        let mut v = Vec::new();
-        for delta_ticks in [0, 1, 2, 5, 10, 20, 50] {
-            v.push(read_writers(delta_ticks, Duration::from_millis(500))?);
+    let mut pingpong_points = Vec::new();
+    for yield_ in [true, false] {
+        for &delta_ticks in pp_deltas {
+            pingpong_points.push(pingpong(
+                delta_ticks,
+                yield_,
+                Duration::from_millis(pp_for),
+            )?);
         }
-        v
-    };
+    }
+    let pingpong = pingpong_points;
+    let mut read_writers_points = Vec::new();
+    for &delta_ticks in rw_deltas {
+        read_writers_points.push(read_writers(delta_ticks, Duration::from_millis(rw_for))?);
+    }
+    let read_writers = read_writers_points;
+    if quick && started.elapsed() > Duration::from_secs(60) {
+        return Err(BenchError::Failed("bench ran past a minute".into()));
+    }
     Ok(BenchReport {
         pingpong,
         read_writers,

@@ -356,6 +356,18 @@ impl SegmentMemory {
         unsafe { std::slice::from_raw_parts(self.service.add(off), self.page_bytes) }
     }
 
+    /// Writes part of a page through the service mapping (the Rust API's
+    /// checked write, on a page held writable here).
+    pub fn write_at(&self, page: PageNo, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= self.page_bytes, "inside one page");
+        let off = page.0 as usize * self.page_bytes + at;
+        assert!(off + bytes.len() <= self.len());
+        // SAFETY: in bounds of the service mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.service.add(off), bytes.len())
+        };
+    }
+
     pub fn write_page(&mut self, page: PageNo, bytes: &[u8]) {
         assert_eq!(bytes.len(), self.page_bytes, "a whole page");
         let off = page.0 as usize * self.page_bytes;

@@ -206,6 +206,29 @@ pub(crate) enum Api {
     CheckIn {
         reply: Sender<Vec<Receiver<()>>>,
     },
+    /// The Rust API's checked access: copy `len` bytes at `at` of `page`
+    /// of attach `process` out (`write: None`) or in, under the core's
+    /// lock, if the page is held here with that right.
+    Copy {
+        process: u32,
+        page: u32,
+        at: usize,
+        len: usize,
+        write: Option<Vec<u8>>,
+        reply: Sender<CopyAnswer>,
+    },
+}
+
+/// The answer to [`Api::Copy`].
+pub(crate) enum CopyAnswer {
+    /// Copied (the bytes read; empty for a write).
+    Done(Vec<u8>),
+    /// Not held: a fault went to the protocol; ask again once this fires.
+    Retry(Receiver<()>),
+    /// The page is lost here: the dead site holding its only current
+    /// copy, when known (None: a request timed out), and why.
+    Lost(Option<String>, String),
+    Error(ShmError),
 }
 
 /// Where an attach maps the segment.
@@ -240,6 +263,8 @@ enum Waiter {
     Remote(Arc<Client>, u64),
     /// In this process, asleep in the kernel on a userfaultfd page.
     Uffd(Arc<super::uffd::Uffd>, usize),
+    /// A checked access of the Rust API: it asks again when released.
+    Api(Sender<()>),
 }
 
 impl Waiter {
@@ -260,6 +285,9 @@ impl Waiter {
                     super::uffd::poison(page_addr, ps);
                 }
                 u.wake(page_addr, ps);
+            }
+            Waiter::Api(tx) => {
+                let _ = tx.send(());
             }
             Waiter::Remote(c, slot) => {
                 let v = match value {
@@ -657,7 +685,12 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                     .counters
                     .frames_received
                     .fetch_add(1, Ordering::Relaxed);
-                shared.with_core(|c| c.net(hello.site, frame));
+                let mut keep = true;
+                shared.with_core(|c| keep = c.net(hello.site, frame));
+                if !keep {
+                    // Logged by the core loop, with the core's reason.
+                    break "a message the protocol refused".to_string();
+                }
             }
             Err(WireError::Closed) => break "connection closed".to_string(),
             Err(_) if shared.stopping.load(Ordering::SeqCst) => return,
@@ -785,11 +818,9 @@ struct CoreLoop {
     /// Segments created here (the library's), for fencing.
     created: std::collections::BTreeSet<SegmentId>,
     last_ping: Instant,
-    /// (process, page) faults failed by the runtime that the core still
-    /// counts asleep (until their page comes).
-    orphans: std::collections::BTreeSet<(u32, u32)>,
-    /// Detaches kept until the process's faults are served, by process.
-    deferred_detach: BTreeMap<u32, SegmentId>,
+    /// Peers that sent a message the core refused while it handled the
+    /// current frame (their connection is dropped).
+    refused_from: Vec<SiteId>,
     /// When each dead peer was last redialled.
     redialled: Vec<Option<Instant>>,
     /// Whether each peer was ever reached (later dials are quick).
@@ -829,8 +860,7 @@ impl CoreLoop {
             fenced: std::collections::BTreeSet::new(),
             created: std::collections::BTreeSet::new(),
             last_ping: Instant::now(),
-            orphans: std::collections::BTreeSet::new(),
-            deferred_detach: BTreeMap::new(),
+            refused_from: Vec::new(),
             redialled: vec![None; n],
             dialled_once: vec![false; n],
             pending_create: BTreeMap::new(),
@@ -850,24 +880,13 @@ impl CoreLoop {
         Nanos(self.start.elapsed().as_nanos() as u64)
     }
 
-    /// Whether the core counts a process of this site asleep on a fault.
-    fn core_waiting(&self, process: u32) -> bool {
-        let r = (process, 0)..=(process, u32::MAX);
-        self.waiters.range(r.clone()).next().is_some() || self.orphans.range(r).next().is_some()
-    }
-
-    /// Hands the core a detach, or keeps it until the process's faults
-    /// are served (the core detaches no process asleep on a fault; ours
-    /// may have been failed by a timeout, the core's wait goes on).
+    /// Hands the core a detach (the core accepts one while the process
+    /// is asleep on a fault: its request is answered and given back).
     fn detach_core(&mut self, segment: SegmentId, process: u32) {
-        if self.core_waiting(process) {
-            self.deferred_detach.insert(process, segment);
-        } else {
-            self.feed(Event::Detach {
-                segment,
-                process: ProcessId(process),
-            });
-        }
+        self.feed(Event::Detach {
+            segment,
+            process: ProcessId(process),
+        });
     }
 
     /// Heartbeats out, silent peers declared dead, overdue faults failed.
@@ -959,9 +978,22 @@ impl CoreLoop {
             for (_, w) in self.waiters.remove(&k).unwrap_or_default() {
                 w.release(fault::WAKE_FAIL, &why);
             }
-            self.orphans.insert(k);
         }
         self.lost.insert((segment, page), why);
+    }
+
+    /// Why a page is lost with the dead site `site`, as logs print it.
+    fn lost_reason(&self, segment: SegmentId, page: PageNo, site: SiteId) -> String {
+        let why = self.shared.peers.lock().expect("peers")[site.0 as usize]
+            .dead
+            .clone()
+            .unwrap_or_else(|| "declared dead".into());
+        format!(
+            "segment {} page {}: lost: its only current copy was at site {}, which is dead ({why})",
+            seg_name(segment),
+            page.0,
+            self.shared.config.name(site)
+        )
     }
 
     /// A peer vanished: logged by name; the segments it was the library
@@ -1002,26 +1034,12 @@ impl CoreLoop {
             .copied()
             .collect();
         for segment in orphaned {
-            if !self.dead_segments.insert(segment) {
-                continue;
-            }
-            let pages = self.segs.get(&segment).map_or(0, |m| m.pages as u32);
-            for p in 0..pages {
-                let held = self
-                    .site
-                    .page_view(segment, PageNo(p))
-                    .map_or(Held::Nothing, |v| v.held);
-                if held != Held::Write {
-                    // A read copy stays readable; anything more needs
-                    // the library.
-                    let why = format!(
-                        "segment {} page {p}: its library site {name} is gone ({reason})",
-                        seg_name(segment)
-                    );
-                    self.lose(segment, PageNo(p), why);
-                }
-            }
+            self.dead_segments.insert(segment);
         }
+        // The core decides what is lost: pages whose only current copy
+        // was there (as library), faults that need the dead library (as
+        // holder); read copies elsewhere stay readable.
+        self.feed(Event::SiteDead { site });
     }
 
     /// A clean stop: every mapping loses access (programs acknowledge),
@@ -1130,41 +1148,28 @@ impl CoreLoop {
     /// segment or page the core does not know in the role the message
     /// needs, or one fenced off when its sender died): the core trusts
     /// its peers, the runtime must not.
+    /// Why a peer's message is not handed to the core: it names a segment
+    /// fenced off when its sender died (a restarted site never speaks for
+    /// its former life). Everything else the core checks itself.
     fn unexpected(&self, from: SiteId, msg: &Msg) -> Option<&'static str> {
         if let Some(seg) = msg_segment(msg)
             && self.fenced.contains(&(from, seg))
         {
             return Some("a segment from before the sender's restart");
         }
-        let lib_page = |segment: &SegmentId, page: &PageNo| {
-            self.site
-                .library_pages(*segment)
-                .is_some_and(|n| page.0 < n)
-        };
-        let known = match msg {
-            Msg::Request { segment, page, .. }
-            | Msg::Refused { segment, page, .. }
-            | Msg::Done { segment, page, .. }
-            | Msg::CheckedIn { segment, page, .. } => lib_page(segment, page),
-            Msg::Detach { segment } => self.site.library_pages(*segment).is_some(),
-            Msg::Recall { segment, page, .. }
-            | Msg::Invalidate { segment, page, .. }
-            | Msg::InvalidateAck { segment, page, .. }
-            | Msg::Page { segment, page, .. }
-            | Msg::Upgrade { segment, page, .. }
-            | Msg::ForgetReader { segment, page, .. } => {
-                self.site.page_view(*segment, *page).is_some()
-            }
-            Msg::AttachOk { segment, .. } => {
-                self.pending_attach.values().any(|p| p.0 == *segment)
-                    || self.site.is_attached(*segment)
-            }
-            Msg::Attach { .. } | Msg::DetachOk { .. } | Msg::Destroyed { .. } => true,
-        };
-        (!known).then_some("names a segment or page unknown here")
+        None
     }
 
-    fn net(&mut self, from: SiteId, frame: Frame) {
+    /// Hands a frame to the core. Returns false when the sender must be
+    /// dropped: the core refused its message (logged by name, with the
+    /// reason, as the core's `PeerError`).
+    fn net(&mut self, from: SiteId, frame: Frame) -> bool {
+        self.refused_from.clear();
+        self.net_inner(from, frame);
+        !self.refused_from.contains(&from)
+    }
+
+    fn net_inner(&mut self, from: SiteId, frame: Frame) {
         match frame {
             Frame::Core(msg) => {
                 if let Some(why) = self.unexpected(from, &msg) {
@@ -1311,8 +1316,7 @@ impl CoreLoop {
                     }
                 }
                 // Faulters of a detached mapping retry and find no slot
-                // (the core still counts them asleep until their page
-                // comes: the detach waits for that).
+                // (the core drops their wait with the detach).
                 let stale: Vec<(u32, u32)> = self
                     .waiters
                     .range((process, 0)..=(process, u32::MAX))
@@ -1322,7 +1326,6 @@ impl CoreLoop {
                     for (_, w) in self.waiters.remove(&k).unwrap_or_default() {
                         w.release(fault::WAKE_RETRY, "");
                     }
-                    self.orphans.insert(k);
                 }
                 self.pending_detach.insert(process, reply);
                 self.detach_core(a.segment, process);
@@ -1355,7 +1358,86 @@ impl CoreLoop {
             Api::CheckIn { reply } => {
                 let _ = reply.send(self.check_in());
             }
+            Api::Copy {
+                process,
+                page,
+                at,
+                len,
+                write,
+                reply,
+            } => {
+                let _ = reply.send(self.copy(process, page, at, len, write));
+            }
         }
+    }
+
+    /// [`Api::Copy`]: never touches an attach mapping, so it never faults;
+    /// a lost page is an error, not a SIGBUS.
+    fn copy(
+        &mut self,
+        process: u32,
+        page: u32,
+        at: usize,
+        len: usize,
+        write: Option<Vec<u8>>,
+    ) -> CopyAnswer {
+        if self.shared.checking_in.load(Ordering::SeqCst) {
+            return CopyAnswer::Error(ShmError::Os("the site daemon is stopping".into()));
+        }
+        let Some(a) = self.attaches.get(&process) else {
+            return CopyAnswer::Error(ShmError::Invalid);
+        };
+        let (segment, readonly) = (a.segment, a.readonly);
+        if write.is_some() && readonly {
+            return CopyAnswer::Error(ShmError::Access);
+        }
+        let Some(mem) = self.segs.get(&segment) else {
+            return CopyAnswer::Error(ShmError::Invalid);
+        };
+        if page as usize >= mem.pages || at + len > mem.page_bytes {
+            return CopyAnswer::Error(ShmError::Invalid);
+        }
+        let pg = PageNo(page);
+        let access = if write.is_some() {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        let held = self
+            .site
+            .page_view(segment, pg)
+            .map_or(Held::Nothing, |v| v.held);
+        if held.allows(access) && !mem.is_frozen() {
+            return match write {
+                Some(data) => {
+                    mem.write_at(pg, at, &data);
+                    CopyAnswer::Done(Vec::new())
+                }
+                None => CopyAnswer::Done(mem.page(pg)[at..at + len].to_vec()),
+            };
+        }
+        let dead = self
+            .site
+            .lost_pages()
+            .into_iter()
+            .find(|(s, p, _)| *s == segment && *p == pg)
+            .map(|(_, _, d)| d);
+        if let Some(why) = self.lost.get(&(segment, pg)).cloned() {
+            let site = dead.map(|d| self.shared.config.name(d).to_string());
+            return CopyAnswer::Lost(site, why);
+        }
+        let (tx, rx) = mpsc::channel();
+        self.fault_from(
+            process,
+            page,
+            if write.is_some() {
+                fault::ACCESS_WRITE
+            } else {
+                fault::ACCESS_READ
+            },
+            Waiter::Api(tx),
+        );
+        CopyAnswer::Retry(rx)
     }
 
     /// The core's view of this site, as text (`mmulab dsm status`).
@@ -1434,11 +1516,19 @@ impl CoreLoop {
                 programs.join(", ")
             );
         }
+        // Pages the core knows lost (as library: their only current copy
+        // was at a dead site; as holder: their library died), and pages
+        // whose request timed out here.
+        let mut lost = self.lost.clone();
+        for (segment, page, site) in self.site.lost_pages() {
+            lost.entry((segment, page))
+                .or_insert_with(|| self.lost_reason(segment, page, site));
+        }
         let _ = writeln!(t, "lost pages:");
-        if self.lost.is_empty() {
+        if lost.is_empty() {
             let _ = writeln!(t, "  none");
         }
-        for why in self.lost.values() {
+        for why in lost.values() {
             let _ = writeln!(t, "  {why}");
         }
         t
@@ -1562,6 +1652,11 @@ impl CoreLoop {
                     None => Vec::new(),
                 },
             },
+            // A dead reader may complete an invalidation, which ships.
+            Event::SiteDead { .. } => {
+                let segs: Vec<SegmentId> = self.segs.keys().copied().collect();
+                segs.into_iter().flat_map(seg_pages).collect()
+            }
             Event::Create { .. } | Event::Attach { .. } | Event::SetWindow { .. } => Vec::new(),
         }
     }
@@ -1654,24 +1749,11 @@ impl CoreLoop {
                 mem.protect(page, held);
             }
         }
-        let mut ready = Vec::new();
         for key in wakes {
             if let Some(words) = self.waiters.remove(&key) {
                 for (_, w) in words {
                     w.release(fault::WAKE_RETRY, "");
                 }
-            }
-            self.orphans.remove(&key);
-            if self.deferred_detach.contains_key(&key.0) && !self.core_waiting(key.0) {
-                ready.push(key.0);
-            }
-        }
-        for process in ready {
-            if let Some(segment) = self.deferred_detach.remove(&process) {
-                self.feed(Event::Detach {
-                    segment,
-                    process: ProcessId(process),
-                });
             }
         }
     }
@@ -1698,6 +1780,33 @@ impl CoreLoop {
                 self.shared.send(Input::Nudge);
             }
             Action::Log(_) => {}
+            Action::Fail {
+                process,
+                segment,
+                page,
+                site,
+            } => {
+                let why = self.lost_reason(segment, page, site);
+                eprintln!(
+                    "mmulab dsm site {}: lost: {why}",
+                    self.shared.config.name(self.shared.me)
+                );
+                for (_, w) in self
+                    .waiters
+                    .remove(&(process.0, page.0))
+                    .unwrap_or_default()
+                {
+                    w.release(fault::WAKE_FAIL, &why);
+                }
+                self.lost.insert((segment, page), why);
+            }
+            Action::PeerError { site, reason } => {
+                self.shared.log_drop(format!(
+                    "site {}: dropped: protocol: {reason}",
+                    self.shared.config.name(site)
+                ));
+                self.refused_from.push(site);
+            }
             Action::Created { segment, process } => {
                 self.created.insert(segment);
                 if let Some(r) = self.pending_create.remove(&process.0) {

@@ -11,7 +11,7 @@
 //! of one key is left unattached (the key names the winner's).
 
 use super::local::Client;
-use super::node::{Api, AttachTarget, Node};
+use super::node::{Api, AttachTarget, CopyAnswer, Node};
 use crate::core::{Geometry, SegmentId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,6 +53,24 @@ impl ShmError {
             ShmError::Os(_) => libc::EIO,
         }
     }
+}
+
+/// What the checked accessors ([`Dsm::read_at`], [`Dsm::write_at`])
+/// return instead of the SIGBUS a raw access to a lost page gets.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DsmError {
+    /// The page is lost: its only current copy was at `site` (declared
+    /// dead), or, with `site` `None`, its request went unanswered in
+    /// time. Coherence before availability: never an older copy.
+    #[error("segment {segment} page {page}: lost ({reason})")]
+    PageLost {
+        segment: String,
+        page: u32,
+        site: Option<String>,
+        reason: String,
+    },
+    #[error("{0}")]
+    Shm(#[from] ShmError),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,6 +331,94 @@ impl Dsm {
                 .ok_or(ShmError::Invalid)?
         };
         self.shmdt_process(process)
+    }
+
+    /// Checked read: copies `buf.len()` bytes at `offset` of the segment
+    /// attached at `base` into `buf`, through the protocol (a page not
+    /// held here is asked for exactly as a fault would). A lost page is
+    /// `Err(DsmError::PageLost)`, where a raw load from `base` gets
+    /// SIGBUS (plus one stderr line), exactly as in C.
+    pub fn read_at(&self, base: *mut u8, offset: usize, buf: &mut [u8]) -> Result<(), DsmError> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.access(base, offset + done, buf.len() - done, None)?;
+            let got = n.len();
+            buf[done..done + got].copy_from_slice(&n);
+            done += got;
+        }
+        Ok(())
+    }
+
+    /// Checked write: the counterpart of [`Dsm::read_at`]; a raw store
+    /// to a lost page gets SIGBUS.
+    pub fn write_at(&self, base: *mut u8, offset: usize, data: &[u8]) -> Result<(), DsmError> {
+        let mut done = 0;
+        while done < data.len() {
+            done += self
+                .access(base, offset + done, data.len() - done, Some(&data[done..]))?
+                .len();
+        }
+        Ok(())
+    }
+
+    /// One page's share of a checked access; returns the bytes read, or
+    /// (for a write) as many bytes as were written, as a vector of that
+    /// length.
+    fn access(
+        &self,
+        base: *mut u8,
+        offset: usize,
+        want: usize,
+        write: Option<&[u8]>,
+    ) -> Result<Vec<u8>, DsmError> {
+        let (process, size, segment) = {
+            let ids = self.ids.lock().expect("ids");
+            let (&process, &(shmid, _)) = ids
+                .attached
+                .iter()
+                .find(|(_, (_, b))| *b != 0 && *b == base as usize)
+                .ok_or(ShmError::Invalid)?;
+            let e = ids.by_id.get(&shmid).ok_or(ShmError::Invalid)?;
+            (process, e.size, e.segment)
+        };
+        if offset + want > size {
+            return Err(ShmError::Invalid.into());
+        }
+        let ps = super::page_size();
+        let (page, at) = ((offset / ps) as u32, offset % ps);
+        let len = want.min(ps - at);
+        loop {
+            let data = write.map(|d| d[..len].to_vec());
+            let answer = self
+                .node
+                .call(|reply| Api::Copy {
+                    process,
+                    page,
+                    at,
+                    len,
+                    write: data,
+                    reply,
+                })
+                .ok_or(ShmError::TimedOut)?;
+            match answer {
+                CopyAnswer::Done(_) if write.is_some() => return Ok(vec![0; len]),
+                CopyAnswer::Done(bytes) => return Ok(bytes),
+                CopyAnswer::Retry(rx) => {
+                    // Served, failed or lost: ask again (bounded by the
+                    // daemon's request timeout, which fails the fault).
+                    let _ = rx.recv_timeout(self.node.options().request_timeout * 2);
+                }
+                CopyAnswer::Lost(site, reason) => {
+                    return Err(DsmError::PageLost {
+                        segment: super::node::seg_name(segment),
+                        page,
+                        site,
+                        reason,
+                    });
+                }
+                CopyAnswer::Error(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Detaches the attach with this core process number.

@@ -505,6 +505,14 @@ impl Sim {
             | Action::Downgrade { page, .. }
             | Action::Install { page, .. } => self.page_changed(site, page),
             Action::Log(_) => self.counters.add("logged_requests", 1),
+            // The simulated sites are honest and never die: any of these
+            // is a protocol bug.
+            Action::PeerError { site: from, reason } => {
+                panic!("simulated site {site}: peer error from {from:?}: {reason}")
+            }
+            Action::Fail { process, page, .. } => {
+                panic!("simulated site {site}: {process:?} failed on {page:?}")
+            }
             _ => {}
         }
     }
