@@ -181,7 +181,8 @@ pub trait Protocol {
     /// Default: one `Remove` update per mapping.
     fn page_unload<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pfn: Pfn) -> KFuture<'a> {
         Box::pin(async move {
-            for (pmap, vpn) in sim.w().mappings_of(pfn) {
+            let chain = sim.w().mappings_of(pfn);
+            for (pmap, vpn) in chain {
                 let u = Update {
                     pmap,
                     start: vpn,

@@ -134,16 +134,17 @@ impl Sim {
                     break;
                 }
                 if self.now() >= deadline {
-                    let mut w = self.w();
-                    let at = w.now();
-                    w.liveness.get_or_insert(Liveness {
-                        cpu,
-                        waiting_for: format!("sleep lock {id}"),
-                        since,
-                        at,
-                    });
-                    w.stop = true;
-                    drop(w);
+                    {
+                        let mut w = self.w();
+                        let at = w.now();
+                        w.liveness.get_or_insert(Liveness {
+                            cpu,
+                            waiting_for: format!("sleep lock {id}"),
+                            since,
+                            at,
+                        });
+                        w.stop = true;
+                    }
                     std::future::pending::<()>().await;
                     return;
                 }

@@ -155,3 +155,58 @@ fn pageunload_race_is_deterministic() {
     assert_eq!(a.counters, b.counters);
     assert_eq!(a.end, b.end);
 }
+
+/// A parent with a dirty 64-page region forks while a second LWP keeps
+/// using it on the other CPU.
+fn fork_run(fork_chunk_unlock: bool) -> SimResult {
+    let opts = ProtocolOptions {
+        fork_chunk_unlock,
+        ..ProtocolOptions::default()
+    };
+    let s = sim("svr42", 5, &opts);
+    let task = s.create_task();
+    let va = Rc::new(Cell::new(0u64));
+    let v = va.clone();
+    let steps: Vec<Step> = vec![
+        Box::new(|_| {
+            Op::Syscall(Syscall::Mmap {
+                pages: 64,
+                prot: Prot::ReadWrite,
+            })
+        }),
+        Box::new(move |ctx| {
+            v.set(ctx.ret);
+            Op::Refs(Refs {
+                base: ctx.ret,
+                start: 0,
+                stride: 4096,
+                count: 64,
+                wrap: 0,
+                kind: RefKind::Store(2),
+            })
+        }),
+        Box::new(|_| {
+            Op::Syscall(Syscall::Fork {
+                child: script(vec![Box::new(|_| Op::Compute(100))]),
+            })
+        }),
+    ];
+    s.spawn_thread(task, script(steps), Some(CpuId(0)));
+    s.boot();
+    s.run()
+}
+
+#[test]
+fn fork_drops_the_hat_lock_after_each_chunk_when_switched_on() {
+    let on = fork_run(true);
+    let off = fork_run(false);
+    for r in [&on, &off] {
+        assert_eq!(r.oracle.violations, 0);
+        assert_eq!(r.counters.get("lockorder.violations"), 0);
+        assert!(r.liveness.is_none());
+    }
+    // 64 pages = 2 mapping chunks: two HAT-lock holds, not one.
+    assert_eq!(on.counters.get("svr42.fork.chunk_holds"), 2);
+    assert_eq!(off.counters.get("svr42.fork.chunk_holds"), 0);
+    assert!(on.counters.get("lock.hat.acquired") > off.counters.get("lock.hat.acquired"));
+}
