@@ -266,9 +266,10 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     report.wall_s
                 );
                 println!(
-                    "violations: {} (in {} seeds); liveness failures: {}; runs that hit the time limit: {}",
+                    "violations: {} (in {} seeds; {} of them lock-order); liveness failures: {}; runs that hit the time limit: {}",
                     report.violations,
                     report.seeds_with_violations,
+                    report.lock_order_violations,
                     report.liveness_failures,
                     report.timeouts
                 );

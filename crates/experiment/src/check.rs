@@ -74,6 +74,11 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
         // (one thread per CPU allocating, freeing and touching each
         // other's kernel memory: the lazy kernel path under load), a
         // quarter keep the random mix.
+        // hat_pageunload against hat_unload and faults (its back-off).
+        text = text.replace(
+            "kind = \"random\"\n",
+            "kind = \"random\"\npage_unload = true\n",
+        );
         let kind = r.below(4);
         if kind == 0 {
             // black89's tester: every CPU increments one page while its
@@ -188,7 +193,10 @@ pub struct CheckReport {
     pub protocol: String,
     pub seeds: u64,
     pub start: u64,
+    /// Oracle violations plus lock-order violations.
     pub violations: u64,
+    /// Of `violations`: the lock-order checker's (`lockorder`).
+    pub lock_order_violations: u64,
     pub seeds_with_violations: u64,
     pub liveness_failures: u64,
     pub timeouts: u64,
@@ -207,6 +215,7 @@ impl CheckReport {
 struct SeedResult {
     seed: u64,
     violations: u64,
+    lock_order: u64,
     liveness: Option<String>,
     first: Option<String>,
     timed_out: bool,
@@ -218,16 +227,18 @@ fn check_one(protocol: &str, seed: u64) -> SeedResult {
     let spec = swarm_spec(protocol, seed);
     let out = run_seed(&spec, seed);
     let c = &out.sim.counters;
+    let lock_order = c.get("lockorder.violations");
     SeedResult {
         seed,
-        violations: out.sim.oracle.violations,
+        violations: out.sim.oracle.violations + lock_order,
+        lock_order,
         liveness: out.sim.liveness.as_ref().map(|l| format!("{} spun from {} to {} waiting for {}", l.cpu, l.since, l.at, l.waiting_for)),
         first: out.sim.oracle.first.first().map(|v| {
             format!(
                 "{} thread {} used a stale translation of {:#x} (space {}) at {} after `{}` by {} completed at {:?}",
                 v.cpu, v.thread, v.va, v.space, v.time, v.op, v.op_cpu, v.op_completed
             )
-        }),
+        }).or_else(|| (lock_order > 0).then(|| format!("{lock_order} lock-order violations (see lockorder.violations)"))),
         timed_out: out.sim.timed_out,
         checked: out.sim.oracle.checked_uses,
         shootdowns: c.get("interrupts.shootdown"),
@@ -270,6 +281,7 @@ pub fn check(
         seeds,
         start,
         violations: results.iter().map(|r| r.violations).sum(),
+        lock_order_violations: results.iter().map(|r| r.lock_order).sum(),
         seeds_with_violations: results.iter().filter(|r| r.violations > 0).count() as u64,
         liveness_failures: results.iter().filter(|r| r.liveness.is_some()).count() as u64,
         timeouts: results.iter().filter(|r| r.timed_out).count() as u64,

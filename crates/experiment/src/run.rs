@@ -66,6 +66,7 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
         l1_trick_pages: o.l1_trick_pages,
         mapping_chunks: o.mapping_chunks,
         shoot_lock_when_alone: o.shoot_lock_when_alone,
+        fork_chunk_unlock: o.fork_chunk_unlock,
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

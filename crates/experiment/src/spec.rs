@@ -190,6 +190,9 @@ pub struct ProtocolOptionsSpec {
     /// svr42: immediate shootdowns take the global lock even with no other
     /// CPU in the address space (balan92 step 1); default true.
     pub shoot_lock_when_alone: bool,
+    /// svr42: fork drops the HAT lock after each mapping chunk (balan92
+    /// §Analysis, "being considered"); default false.
+    pub fork_chunk_unlock: bool,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -203,6 +206,7 @@ impl Default for ProtocolOptionsSpec {
             l1_trick_pages: d.l1_trick_pages,
             mapping_chunks: d.mapping_chunks,
             shoot_lock_when_alone: d.shoot_lock_when_alone,
+            fork_chunk_unlock: d.fork_chunk_unlock,
         }
     }
 }

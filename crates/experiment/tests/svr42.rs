@@ -35,6 +35,7 @@ fn each_broken_svr42_variant_is_caught() {
         "svr42-no-cookie-check",
         "svr42-nonstrict-tick",
         "svr42-no-spin",
+        "svr42-pageunload-blocking",
         "none",
     ] {
         let r = check(p, 1, 400, &|_| {});

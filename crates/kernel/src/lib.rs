@@ -19,6 +19,8 @@
 //!   kept mapped after release, aged without shootdown, shot at reuse.
 //! * [`pageout`] — balan92 §Pageout: local working-set aging (seize, no
 //!   shootdown) or SVR4's global daemon (a shootdown per clear).
+//! * [`sleeplock`] — reader/writer sleep locks (a wait queue, no
+//!   spinning) and the page layer's per-page spin and sleep locks.
 //! * [`lockorder`] — balan92 §Locking Design: lock classes, the order
 //!   checker (always on) and per-class contention counts.
 //! * [`memory`] — the cache hierarchy (romanescu10) behind the walker and
@@ -36,6 +38,7 @@ pub mod sched;
 pub mod segkmem;
 pub mod segmap;
 pub mod sim;
+pub mod sleeplock;
 pub mod vm;
 
 pub use costs::Costs;

@@ -1,24 +1,50 @@
 //! The lock-order checker and per-class lock contention (balan92 §Locking
-//! Design, §Analysis of the Locking design). Every spin-lock acquisition
-//! of the simulated kernel (`Sim::lock`, `Sim::lock_pmap`) goes through
-//! [`Sim::lock_enter`]; it is always on, in every run and every test.
+//! Design, §Analysis of the Locking design). Every acquisition of the
+//! simulated kernel (`Sim::lock`, `Sim::lock_pmap`, `Sim::sleep_lock`,
+//! the try-locks) goes through [`Sim::lock_enter`] or
+//! [`Sim::try_lock_enter`]; it is always on, in every run and every test.
 //!
 //! Classes and the order balan92 fixes ("segment → page sleep → HAT →
 //! page spin → shootdown"), lowest first:
 //!
-//! | rank | class     | locks of the model                                  |
-//! |------|-----------|-----------------------------------------------------|
-//! | 1    | segment   | each process's map lock (faults and memory calls), the kernel map's lock |
-//! | 2    | driver    | segmap's lock (a segment driver's own state)        |
-//! | 3    | hat       | one HAT spin lock per address space                 |
-//! | 4    | page_spin | a physical page's spin lock (its mapping chain)     |
-//! | 5    | shootdown | the global shootdown lock                           |
+//! | rank | class      | kind  | locks of the model                                  |
+//! |------|------------|-------|-----------------------------------------------------|
+//! | 1    | segment    | sleep | each process's map lock (faults and memory calls), the kernel map's lock |
+//! | 2    | page_sleep | sleep | a physical page's reader/writer sleep lock (`sleeplock`) |
+//! | 3    | driver     | spin  | segmap's lock (a segment driver's own state)        |
+//! | 4    | hat        | spin  | one HAT spin lock per address space                 |
+//! | 5    | page_spin  | spin  | a physical page's spin lock (its mapping chain)     |
+//! | 6    | shootdown  | spin  | the global shootdown lock                           |
+//! | 7    | anon       | spin  | the anon layer's reservation lock                   |
+//! | 8    | swap       | spin  | the swap layer's reservation lock                   |
+//!
+//! Where the paper gives no rank. The driver lock is a segment-layer spin
+//! lock: below HAT (segmap's lock is never held into the HAT), above the
+//! page sleep lock (no one sleeps holding a spin lock). The anon and swap
+//! reservation locks (§Analysis: "locks at the anon layer ... and at the
+//! swap layer for reserving anon pages and swap space for the child
+//! processes", "the lock hold times during the reservation operation
+//! would be very small") are taken by fork while it copies a segment and
+//! nothing is acquired under them: leaves, ranked above everything, anon
+//! before swap (an anon reservation is backed by a swap reservation).
+//!
 //! Acquiring a lock of a lower rank than one already held is an order
 //! violation, counted as `lockorder.violations` (with the first one
 //! described); acquiring two of the same rank is allowed only for the
 //! segment class (the pageout daemon, holding its own process's map lock,
 //! takes the map lock of each process it scans; no process ever takes the
 //! daemon's).
+//!
+//! Try-locks. A try-lock that does not wait is exempt from the order: it
+//! either takes a free lock at once or fails and returns, so the acquirer
+//! never waits on a holder and cannot close a wait-for cycle, which is
+//! what an order violation could cause (a deadlock needs every member of
+//! the cycle to wait). Such an out-of-order acquisition is counted in
+//! `lockorder.trylock_out_of_order`; the lock then counts as held, so
+//! acquisitions made under it are checked as usual. A *blocking*
+//! acquisition in the same order is still a violation (`hat_pageunload`,
+//! entered holding the page spin lock, try-locks each HAT lock and backs
+//! off; see the svr42 protocol).
 //!
 //! Contention: an acquisition that found the lock held counts in
 //! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`.
@@ -36,21 +62,33 @@ use crate::sim::Sim;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LockClass {
     Segment = 1,
-    Driver = 2,
-    Hat = 3,
-    PageSpin = 4,
-    Shootdown = 5,
+    PageSleep = 2,
+    Driver = 3,
+    Hat = 4,
+    PageSpin = 5,
+    Shootdown = 6,
+    AnonResv = 7,
+    SwapResv = 8,
 }
 
 impl LockClass {
     pub fn name(self) -> &'static str {
         match self {
             LockClass::Segment => "segment",
+            LockClass::PageSleep => "page_sleep",
             LockClass::Driver => "driver",
             LockClass::Hat => "hat",
             LockClass::PageSpin => "page_spin",
             LockClass::Shootdown => "shootdown",
+            LockClass::AnonResv => "anon",
+            LockClass::SwapResv => "swap",
         }
+    }
+
+    /// Sleep-lock classes (held while the holder may block); the others
+    /// are spin locks.
+    pub fn sleeps(self) -> bool {
+        matches!(self, LockClass::Segment | LockClass::PageSleep)
     }
 }
 
@@ -61,6 +99,8 @@ pub enum LockRef {
     Named(usize),
     /// A pmap's (HAT's) spin lock.
     Pmap(PmapId),
+    /// An entry of `World::sleep_locks`.
+    Sleep(usize),
 }
 
 #[derive(Clone, Debug, Default)]
@@ -98,6 +138,7 @@ impl Sim {
         let mut w = self.w();
         match l {
             LockRef::Pmap(_) => Some(LockClass::Hat),
+            LockRef::Sleep(i) => w.sleep_locks[i].class,
             LockRef::Named(i) => {
                 if let Some(&c) = w.lockorder.classes.get(&i) {
                     return Some(c);
@@ -122,12 +163,32 @@ impl Sim {
     /// Before acquiring `l` on `cpu`: checks the order; returns what
     /// [`Sim::lock_acquired`] needs.
     pub fn lock_enter(&self, cpu: CpuId, l: LockRef) -> Option<(LockClass, bool, Cycles)> {
+        self.enter_checked(cpu, l, false)
+    }
+
+    /// Before a try-lock of `l` on `cpu` (one that does not wait): exempt
+    /// from the order (see the module documentation), counted when out of
+    /// order. Returns what [`Sim::lock_acquired`] needs if it succeeds.
+    pub fn try_lock_enter(&self, cpu: CpuId, l: LockRef) -> Option<(LockClass, bool, Cycles)> {
+        self.enter_checked(cpu, l, true)
+    }
+
+    fn enter_checked(
+        &self,
+        cpu: CpuId,
+        l: LockRef,
+        try_lock: bool,
+    ) -> Option<(LockClass, bool, Cycles)> {
         let class = self.class_of(l)?;
         let mut w = self.w();
         let now = w.now();
         let busy = match l {
             LockRef::Named(i) => w.locks[i].is_some(),
             LockRef::Pmap(p) => w.pmaps[p.0 as usize].lock.is_some(),
+            LockRef::Sleep(i) => {
+                let s = &w.sleep_locks[i];
+                s.writer.is_some() || !s.readers.is_empty()
+            }
         };
         let lo = &mut w.lockorder;
         if lo.held.len() <= cpu.index() {
@@ -137,7 +198,9 @@ impl Sim {
             .iter()
             .find(|&&(_, c)| c > class || (c == class && class != LockClass::Segment))
             .copied();
-        if let Some((h, hc)) = bad {
+        if bad.is_some() && try_lock {
+            w.counters.add("lockorder.trylock_out_of_order", 1);
+        } else if let Some((h, hc)) = bad {
             lo.violations += 1;
             if lo.first.is_none() {
                 lo.first = Some(format!(
@@ -177,7 +240,7 @@ impl Sim {
     /// balan92 §Examples of the Locking requirements, `hat_memload`: "The
     /// caller can not hold any spin locks" (it holds the page's sleep
     /// lock; the segment lock is a sleep lock too). Counts a violation when
-    /// `cpu` holds a driver, HAT or shootdown lock.
+    /// `cpu` holds a lock of a spin class.
     pub fn check_no_spin_lock(&self, cpu: CpuId, what: &str) {
         let mut w = self.w();
         let now = w.now();
@@ -185,7 +248,7 @@ impl Sim {
             .lockorder
             .held
             .get(cpu.index())
-            .and_then(|h| h.iter().find(|&&(_, c)| c > LockClass::Segment).copied());
+            .and_then(|h| h.iter().find(|&&(_, c)| !c.sleeps()).copied());
         if let Some((h, c)) = held {
             w.lockorder.violations += 1;
             if w.lockorder.first.is_none() {
@@ -193,6 +256,26 @@ impl Sim {
                     "{cpu} calls {what} holding spin lock {h:?} ({}) at {now}",
                     c.name()
                 ));
+            }
+            w.counters.add("lockorder.violations", 1);
+        }
+    }
+
+    /// Counts a violation unless `cpu` holds `l` (a locking requirement
+    /// of an interface, like `hat_memload`'s page sleep lock).
+    pub fn check_holds(&self, cpu: CpuId, l: LockRef, what: &str) {
+        let mut w = self.w();
+        let now = w.now();
+        let held = w
+            .lockorder
+            .held
+            .get(cpu.index())
+            .is_some_and(|h| h.iter().any(|&(x, _)| x == l));
+        if !held {
+            w.lockorder.violations += 1;
+            if w.lockorder.first.is_none() {
+                w.lockorder.first =
+                    Some(format!("{cpu} calls {what} without holding {l:?} at {now}"));
             }
             w.counters.add("lockorder.violations", 1);
         }
@@ -215,9 +298,14 @@ mod tests {
 
     #[test]
     fn ranks_follow_the_papers_order() {
-        assert!(LockClass::Segment < LockClass::Driver);
+        assert!(LockClass::Segment < LockClass::PageSleep);
+        assert!(LockClass::PageSleep < LockClass::Driver);
         assert!(LockClass::Driver < LockClass::Hat);
         assert!(LockClass::Hat < LockClass::PageSpin);
         assert!(LockClass::PageSpin < LockClass::Shootdown);
+        assert!(LockClass::Shootdown < LockClass::AnonResv);
+        assert!(LockClass::AnonResv < LockClass::SwapResv);
+        assert!(LockClass::Segment.sleeps() && LockClass::PageSleep.sleeps());
+        assert!(!LockClass::Hat.sleeps() && !LockClass::PageSpin.sleeps());
     }
 }

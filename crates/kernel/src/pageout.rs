@@ -53,6 +53,12 @@ pub enum PageoutCall {
     /// daemon, scan every process. Returns the PTEs whose R or M was
     /// cleared.
     Age { task: u32 },
+    /// Page stealing's first step: unload every translation of the page
+    /// the caller's task maps at `va` (`hat_pageunload`), leaving the page
+    /// in its object (a later fault maps it again). Returns the mappings
+    /// unloaded; 0 when nothing is mapped there or the page is also mapped
+    /// in the kernel.
+    PageUnload { va: u64 },
 }
 
 /// Pageout's switches.
@@ -69,7 +75,10 @@ pub struct Pageout {
 
 impl Sim {
     pub(crate) async fn pageout_call(&self, cpu: CpuId, tid: ThreadId, call: PageoutCall) -> u64 {
-        let PageoutCall::Age { task } = call;
+        let task = match call {
+            PageoutCall::Age { task } => task,
+            PageoutCall::PageUnload { va } => return self.page_unload_call(cpu, tid, va).await,
+        };
         let global = self.w().pageout.global;
         self.count("pageout.passes", 1);
         let start = self.now();
@@ -80,6 +89,60 @@ impl Sim {
         };
         self.record("pageout.pass_cycles", (self.now() - start).0 as f64);
         n
+    }
+
+    /// `PageoutCall::PageUnload`, in the caller's task (whose map lock the
+    /// system call holds). With the SVR4.2 VM locks: the page's sleep lock
+    /// in writer mode (its identity is about to change for every mapper),
+    /// then its spin lock at splhi, then `hat_pageunload`.
+    async fn page_unload_call(&self, cpu: CpuId, tid: ThreadId, va: u64) -> u64 {
+        if va >= crate::sim::KERNEL_BASE {
+            return 0;
+        }
+        let pmap = {
+            let w = self.w();
+            let task = w.threads[tid.0 as usize].task;
+            w.tasks[task.0 as usize].pmap
+        };
+        let pte = self.w().pte(pmap, Vpn(va >> crate::sim::PAGE_SHIFT));
+        if !pte.present() {
+            return 0;
+        }
+        let pfn = pte.pfn();
+        let before = self.w().mappings_of(pfn);
+        if before.iter().any(|&(p, _)| p == crate::pmap::KERNEL_PMAP) {
+            return 0;
+        }
+        let p = self.protocol();
+        self.count("pageout.page_unloads", 1);
+        self.begin_op(cpu, "hat_pageunload");
+        if p.svr4_vm_locks() {
+            let (spin, sleep) = self.page_locks(pfn.0);
+            self.sleep_lock(cpu, sleep, true).await;
+            let saved = self.set_ipl(cpu, Ipl::HIGH);
+            self.lock(cpu, spin).await;
+            p.page_unload(self, cpu, pfn).await;
+            assert_eq!(
+                self.w().locks[spin],
+                Some(cpu),
+                "hat_pageunload must return holding the page's spin lock"
+            );
+            self.unlock(cpu, spin).await;
+            self.set_ipl(cpu, saved);
+            // Every mapper needs the sleep lock we hold to map the page
+            // again: none may be left.
+            let left = self.w().mappings_of(pfn);
+            assert!(
+                left.is_empty(),
+                "hat_pageunload left mappings of frame {}: {left:?}",
+                pfn.0
+            );
+            self.sleep_unlock(cpu, sleep).await;
+        } else {
+            p.page_unload(self, cpu, pfn).await;
+        }
+        self.end_op(cpu);
+        before.len() as u64
     }
 
     /// One step of a seize: park every LWP of `task` other than `me` that

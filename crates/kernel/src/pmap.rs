@@ -68,6 +68,28 @@ pub struct Pmap {
     pub alive: bool,
 }
 
+/// Per-CPU level-1 directories (balan92 §Background, §Multiprocessor
+/// Interfaces, on the i386): each CPU's MMU walks its own directory frame.
+/// Its kernel entries are shared: identical in every CPU's directory,
+/// written into every copy when the kernel maps a new level-2 table. Its
+/// user entries are those of the address space the CPU runs, copied in by
+/// `hat_asload` and cleared by `hat_asunload`. The per-address-space root
+/// (`Pmap::root`) stays the HAT's master copy; every change to a master's
+/// level-1 entries reaches each directory holding a copy
+/// ([`World::l1_sync`]). A protocol turns this on in `init`
+/// ([`Sim::enable_percpu_l1`]); otherwise every CPU walks the address
+/// space's own root.
+#[derive(Clone, Debug)]
+pub struct PerCpuL1 {
+    /// Per CPU: its directory frame.
+    pub dirs: Vec<Pfn>,
+    /// Per CPU: the user address space whose level-1 entries its directory
+    /// holds.
+    pub loaded: Vec<Option<PmapId>>,
+    /// The first level-1 index of the kernel's part.
+    pub kernel_first: usize,
+}
+
 /// What an update does to each mapped page of its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -140,6 +162,35 @@ pub trait Protocol {
         Box::pin(async move {
             let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
             sim.delay(cpu, c).await;
+        })
+    }
+
+    /// balan92 §Locking Design: the VM layer takes SVR4.2's page-layer
+    /// locks around HAT calls (`hat_memload` with the page's sleep lock
+    /// held in reader mode, `hat_pageunload` with its sleep lock in writer
+    /// mode and its spin lock) and fork takes the anon and swap
+    /// reservation locks. Off by default (other protocols keep the
+    /// lock-free VM layer and their timings).
+    fn svr4_vm_locks(&self) -> bool {
+        false
+    }
+
+    /// `hat_pageunload(pp)`: unload every translation of physical page
+    /// `pfn`. With [`Protocol::svr4_vm_locks`] it is entered holding the
+    /// page's spin lock (`Sim::page_locks`) and must return holding it.
+    /// Default: one `Remove` update per mapping.
+    fn page_unload<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pfn: Pfn) -> KFuture<'a> {
+        Box::pin(async move {
+            let chain = sim.w().mappings_of(pfn);
+            for (pmap, vpn) in chain {
+                let u = Update {
+                    pmap,
+                    start: vpn,
+                    pages: 1,
+                    change: Change::Remove,
+                };
+                self.update(sim, cpu, u).await;
+            }
         })
     }
 
@@ -222,6 +273,112 @@ pub fn rights_of(pte: Pte) -> Rights {
 }
 
 impl World {
+    /// The level-1 table `cpu`'s MMU walks for an address of `pmap`: its
+    /// own directory with per-CPU directories, else the pmap's root.
+    #[inline]
+    pub fn walk_root(&self, cpu: CpuId, pmap: PmapId) -> Pfn {
+        match &self.percpu_l1 {
+            Some(l1) => l1.dirs[cpu.index()],
+            None => self.pmaps[pmap.0 as usize].root,
+        }
+    }
+
+    /// Copies `pmap`'s (the master's) level-1 entries into every per-CPU
+    /// directory holding a copy: every directory for the kernel, those
+    /// that loaded it for a user address space. Returns the entries
+    /// written (for costing); 0 without per-CPU directories.
+    pub fn l1_sync(&mut self, pmap: PmapId) -> u64 {
+        let Some(l1) = &self.percpu_l1 else {
+            return 0;
+        };
+        let kf = l1.kernel_first;
+        let root = self.pmaps[pmap.0 as usize].root;
+        let kernel = self.pmaps[pmap.0 as usize].kernel;
+        let targets: Vec<Pfn> = l1
+            .dirs
+            .iter()
+            .zip(&l1.loaded)
+            .filter(|&(_, &ld)| kernel || ld == Some(pmap))
+            .map(|(&d, _)| d)
+            .collect();
+        let range = if kernel {
+            kf..self.mem.table(root).len()
+        } else {
+            0..kf
+        };
+        let master: Vec<u64> = self.mem.table(root)[range.clone()].to_vec();
+        let mut written = 0;
+        for d in targets {
+            let dir = &mut self.mem.table_mut(d)[range.clone()];
+            for (e, &m) in dir.iter_mut().zip(&master) {
+                if *e != m {
+                    *e = m;
+                    written += 1;
+                }
+            }
+        }
+        written
+    }
+
+    /// `hat_asload`'s copy-in (`Some`) or `hat_asunload`'s clear (`None`)
+    /// of the user level-1 entries of `cpu`'s directory. Returns the
+    /// entries written; 0 without per-CPU directories.
+    pub fn l1_load(&mut self, cpu: CpuId, pmap: Option<PmapId>) -> u64 {
+        let Some(l1) = &mut self.percpu_l1 else {
+            return 0;
+        };
+        let kf = l1.kernel_first;
+        let d = l1.dirs[cpu.index()];
+        l1.loaded[cpu.index()] = pmap;
+        let master: Vec<u64> = match pmap {
+            Some(p) if self.pmaps[p.0 as usize].alive => {
+                let root = self.pmaps[p.0 as usize].root;
+                self.mem.table(root)[..kf].to_vec()
+            }
+            _ => vec![0; kf],
+        };
+        let mut written = 0;
+        for (e, &m) in self.mem.table_mut(d)[..kf].iter_mut().zip(&master) {
+            if *e != 0 || m != 0 {
+                written += 1;
+            }
+            *e = m;
+        }
+        written
+    }
+
+    /// Checks the per-CPU directories against their masters (an
+    /// invariant: a stale copy would let an MMU walk a table the HAT has
+    /// detached). Panics naming the CPU and entry.
+    pub fn l1_assert_consistent(&self) {
+        let Some(l1) = &self.percpu_l1 else { return };
+        let kf = l1.kernel_first;
+        let kroot = self.pmaps[KERNEL_PMAP.0 as usize].root;
+        for (i, (&d, &ld)) in l1.dirs.iter().zip(&l1.loaded).enumerate() {
+            let dir = self.mem.table(d);
+            assert_eq!(
+                &dir[kf..],
+                &self.mem.table(kroot)[kf..],
+                "cpu{i}'s directory: kernel entries differ from the kernel's"
+            );
+            match ld {
+                Some(p) if self.pmaps[p.0 as usize].alive => {
+                    let root = self.pmaps[p.0 as usize].root;
+                    assert_eq!(
+                        &dir[..kf],
+                        &self.mem.table(root)[..kf],
+                        "cpu{i}'s directory: user entries differ from pmap {}'s",
+                        p.0
+                    );
+                }
+                _ => assert!(
+                    dir[..kf].iter().all(|&e| e == 0),
+                    "cpu{i}'s directory holds user entries of no loaded address space"
+                ),
+            }
+        }
+    }
+
     /// Visits the present last-level PTEs of a range, skipping whole
     /// missing tables (black89 §7.2: a missing second-level table means a
     /// whole page of entries is missing). Returns (pages visited, table
@@ -381,6 +538,7 @@ impl World {
             }
             v += span;
         }
+        self.l1_sync(u.pmap);
         (edit, rest)
     }
 
@@ -410,6 +568,35 @@ impl World {
 }
 
 impl Sim {
+    /// Turns on per-CPU level-1 directories ([`PerCpuL1`]); a protocol
+    /// calls it from `init`, before any mapping exists beyond the
+    /// kernel's. Only for two-level i386 tables, where the user/kernel
+    /// split falls on a level-1 boundary; returns whether it is on.
+    pub fn enable_percpu_l1(&self) -> bool {
+        let mut w = self.w();
+        let fmt = w.cfg.pt_format;
+        if fmt != mmulab_machine::PtFormat::I386 {
+            return false;
+        }
+        let kernel_first = fmt.index(Vpn(crate::sim::KERNEL_BASE >> crate::sim::PAGE_SHIFT), 0);
+        let n = w.cpus.len();
+        let mut dirs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let d = w
+                .mem
+                .alloc_table(fmt.entries(0))
+                .expect("memory for the per-CPU directories");
+            dirs.push(d);
+        }
+        w.percpu_l1 = Some(PerCpuL1 {
+            dirs,
+            loaded: vec![None; n],
+            kernel_first,
+        });
+        w.l1_sync(KERNEL_PMAP);
+        true
+    }
+
     /// Enters a mapping in the page tables (no TLB action). Returns the cost.
     pub fn pt_enter(&self, cpu: CpuId, pmap: PmapId, vpn: Vpn, pfn: Pfn, writable: bool) -> Cycles {
         let mut w = self.w();
@@ -429,6 +616,9 @@ impl Sim {
             .expect("created");
         let n_new = new_tables.len() as u64;
         w.pmaps[pmap.0 as usize].tables.extend(new_tables);
+        // A new level-2 table is a new level-1 entry: into every per-CPU
+        // directory holding a copy (the kernel's: every CPU's).
+        let copies = if n_new > 0 { w.l1_sync(pmap) } else { 0 };
         let old = Pte(w.mem.table(table)[index]);
         assert!(
             !old.present() || old.pfn() == pfn,
@@ -449,7 +639,7 @@ impl Sim {
         if !old.present() {
             w.pv.entry(pfn.0).or_default().push((pmap, vpn));
         }
-        Cycles(costs.pte_write_cycles * (1 + n_new) + costs.mem_cycles * n_new) + store
+        Cycles(costs.pte_write_cycles * (1 + n_new + copies) + costs.mem_cycles * n_new) + store
     }
 
     /// Loads `pmap` on `cpu` (CR3 load): marks it in use and, without

@@ -332,7 +332,6 @@ impl Sim {
             let (_, ci) = s.chunks[chunk].ident.expect("identity set");
             (s.va_of(chunk), ci * s.chunk_pages, s.chunk_pages)
         };
-        let p = self.protocol();
         for i in 0..pages {
             let key = (file, first_page + i);
             let cached = self.w().segmap.cache.get(&key).copied();
@@ -351,7 +350,7 @@ impl Sim {
                     f
                 }
             };
-            p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+            self.hat_memload(cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
                 .await;
         }
         let mut w = self.w();

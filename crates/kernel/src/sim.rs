@@ -182,6 +182,16 @@ pub struct World {
     pub timed_out: bool,
     /// Named spin locks other than pmap locks (protocols allocate them).
     pub locks: Vec<Option<CpuId>>,
+    /// Sleep locks (`sleeplock`).
+    pub sleep_locks: Vec<crate::sleeplock::SleepLock>,
+    /// The page layer's per-page spin and sleep locks (`sleeplock`).
+    pub page_locks: crate::sleeplock::PageLocks,
+    /// The anon and swap layers' reservation spin locks, once used.
+    pub resv_locks: Option<(usize, usize)>,
+    /// Per-CPU level-1 directories (balan92 §Background, i386): when the
+    /// protocol turns them on, each CPU's walker starts at its own
+    /// directory frame (see `Sim::enable_percpu_l1`).
+    pub percpu_l1: Option<crate::pmap::PerCpuL1>,
     /// Wild accesses: a stale translation to a frame that is no longer
     /// data (freed or reused as a page table).
     pub wild_accesses: u64,
@@ -372,6 +382,10 @@ impl Sim {
             kernel_regions: BTreeMap::new(),
             kernel_vm_lock: 0,
             locks: vec![None],
+            sleep_locks: Vec::new(),
+            page_locks: Default::default(),
+            resv_locks: None,
+            percpu_l1: None,
             segkmem: crate::segkmem::Segkmem::new(
                 (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
                 cfg.kernel.segkmem_pages,
@@ -493,6 +507,15 @@ impl Sim {
             w.queue.push(at, Event::Resume { cpu, generation });
         }
         Wake { armed: false }.await;
+    }
+
+    /// Blocks `cpu` (no spinning) until `at`, an interrupt its level lets
+    /// through, or a wake-up another CPU posts (a new `Resume` while
+    /// `idle_waiting`), whichever is first.
+    pub(crate) async fn block_until(&self, cpu: CpuId, at: Cycles) {
+        self.w().cpus[cpu.index()].idle_waiting = true;
+        self.sleep_until(cpu, at).await;
+        self.w().cpus[cpu.index()].idle_waiting = false;
     }
 
     /// Kernel code on `cpu` runs for `c` cycles, then takes any interrupt
@@ -656,6 +679,30 @@ impl Sim {
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
         self.delay(cpu, Cycles(costs.lock_cycles)).await;
+    }
+
+    /// Tries a pmap's spin lock once, without waiting: true when taken.
+    /// Exempt from the lock order (a try-lock cannot deadlock; see
+    /// `lockorder`). Costs one lock attempt either way.
+    pub async fn try_lock_pmap(&self, cpu: CpuId, pmap: PmapId) -> bool {
+        let costs = self.costs();
+        let order = self.try_lock_enter(cpu, crate::lockorder::LockRef::Pmap(pmap));
+        let taken = {
+            let mut w = self.w();
+            let p = &mut w.pmaps[pmap.0 as usize];
+            assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
+            if p.lock.is_none() {
+                p.lock = Some(cpu);
+                true
+            } else {
+                false
+            }
+        };
+        if taken {
+            self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
+        }
+        self.delay(cpu, Cycles(costs.lock_cycles)).await;
+        taken
     }
 
     pub async fn unlock_pmap(&self, cpu: CpuId, pmap: PmapId) {
@@ -1220,7 +1267,10 @@ fn translate<const MEM: bool>(
         // or it was changed since the fill and changed back (the entry's
         // fill epoch is behind its PTE's).
         let stale = MEM && matches!(w.tlb_hw, TlbHardware::Ideal) && {
-            let root = w.pmaps[pmap.0 as usize].root;
+            let root = match &w.percpu_l1 {
+                Some(l1) => l1.dirs[ci],
+                None => w.pmaps[pmap.0 as usize].root,
+            };
             let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
             !(wk.leaf
                 && wk.pte.present()
@@ -1246,7 +1296,7 @@ fn translate<const MEM: bool>(
             if store && !e.dirty {
                 // The hardware sets the modify bit with an interlocked
                 // read-modify-write that re-checks the PTE (black89 fn. 6).
-                let root = w.pmaps[pmap.0 as usize].root;
+                let root = w.walk_root(cpu, pmap);
                 let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
                 let cost = walk_cost::<MEM>(w, cpu, &wk);
                 w.cpus[ci].local += cost;
@@ -1273,8 +1323,9 @@ fn translate<const MEM: bool>(
             return Ok(e.pfn);
         }
     }
-    // Miss: the hardware walker, one read per level.
-    let root = w.pmaps[pmap.0 as usize].root;
+    // Miss: the hardware walker, one read per level, from the directory
+    // this CPU's MMU uses.
+    let root = w.walk_root(cpu, pmap);
     let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
     let cost = walk_cost::<MEM>(w, cpu, &wk);
     w.cpus[ci].local += cost;

@@ -317,8 +317,44 @@ impl Sim {
             (pfn, top)
         };
         let writable = region.prot == Prot::ReadWrite && top;
+        self.hat_memload(cpu, pmap, Vpn(vpn), pfn, writable).await;
+    }
+
+    /// The anon and swap layers' reservation locks (allocated on first use).
+    fn resv_locks(&self) -> (usize, usize) {
+        if let Some(l) = self.w().resv_locks {
+            return l;
+        }
+        let anon = self.new_lock();
+        self.set_lock_class(anon, crate::lockorder::LockClass::AnonResv);
+        let swap = self.new_lock();
+        self.set_lock_class(swap, crate::lockorder::LockClass::SwapResv);
+        self.w().resv_locks = Some((anon, swap));
+        (anon, swap)
+    }
+
+    /// `hat_memload` as the VM layer calls it (balan92 §Examples of the
+    /// Locking requirements: "Called with the reader/writer lock for the
+    /// physical page held. The caller can not hold any spin locks"): with
+    /// the SVR4.2 VM locks, the page's sleep lock is taken in reader mode
+    /// around the call.
+    pub(crate) async fn hat_memload(
+        &self,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: Pfn,
+        writable: bool,
+    ) {
         let p = self.protocol();
-        p.enter(self, cpu, pmap, Vpn(vpn), pfn, writable).await;
+        if p.svr4_vm_locks() {
+            let (_, sleep) = self.page_locks(pfn.0);
+            self.sleep_lock(cpu, sleep, false).await;
+            p.enter(self, cpu, pmap, vpn, pfn, writable).await;
+            self.sleep_unlock(cpu, sleep).await;
+        } else {
+            p.enter(self, cpu, pmap, vpn, pfn, writable).await;
+        }
     }
 
     /// A fault on pageable kernel memory: zero-fill and map it in the kernel
@@ -350,8 +386,8 @@ impl Sim {
             self.count("vm.kernel_zero_fills", 1);
             let c = self.costs().zero_fill_cycles;
             self.delay(cpu, Cycles(c)).await;
-            let p = self.protocol();
-            p.enter(self, cpu, KERNEL_PMAP, Vpn(vpn), pfn, true).await;
+            self.hat_memload(cpu, KERNEL_PMAP, Vpn(vpn), pfn, true)
+                .await;
         }
         self.unlock(cpu, lock).await;
     }
@@ -496,7 +532,17 @@ impl Sim {
                     .values()
                     .cloned()
                     .collect();
+                let resv = self.protocol().svr4_vm_locks().then(|| self.resv_locks());
                 for r in &parent_regions {
+                    if let Some((anon, swap)) = resv {
+                        // balan92 §Analysis: reserving anon pages and swap
+                        // space for the child, each under its layer's
+                        // reservation lock (short holds; leaves).
+                        self.lock(cpu, anon).await;
+                        self.lock(cpu, swap).await;
+                        self.unlock(cpu, swap).await;
+                        self.unlock(cpu, anon).await;
+                    }
                     let orig = r.object;
                     let p_obj = self.new_object(Some(orig));
                     let c_obj = self.new_object(Some(orig));
@@ -552,7 +598,7 @@ impl Sim {
                             .mem
                             .alloc_data()
                             .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                        p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+                        self.hat_memload(cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
                             .await;
                     }
                     self.count("vm.kmem_allocs", 1);
@@ -735,7 +781,7 @@ impl Sim {
                     .mem
                     .alloc_data()
                     .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                p.enter(self, cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
+                self.hat_memload(cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
                     .await;
             }
             self.w().kernel_regions.insert(start, pages);
@@ -820,6 +866,16 @@ impl Sim {
             let mut w = self.w();
             let tables = std::mem::take(&mut w.pmaps[pmap.0 as usize].tables);
             w.pmaps[pmap.0 as usize].alive = false;
+            // No per-CPU directory may keep entries of freed tables.
+            let holders: Vec<CpuId> = w.percpu_l1.as_ref().map_or(Vec::new(), |l1| {
+                (0..l1.loaded.len())
+                    .filter(|&i| l1.loaded[i] == Some(pmap))
+                    .map(|i| CpuId(i as u16))
+                    .collect()
+            });
+            for c in holders {
+                w.l1_load(c, None);
+            }
             let mut clear = Cycles(0);
             for t in tables {
                 clear += w.clear_table_frame(cpu, t);

@@ -51,6 +51,12 @@ pub struct ProtocolOptions {
     /// default); false skips the lock (and the interrupts) then, under the
     /// as's HAT lock, which keeps any CPU from joining (an ablation).
     pub shoot_lock_when_alone: bool,
+    /// svr42: fork write-protects the parent one mapping chunk (32 PTEs)
+    /// at a time, dropping the HAT lock after each (balan92 §Analysis:
+    /// "Reducing the lock hold time on the HAT resource lock by dropping
+    /// the HAT lock after copying each mapping chunk ... is being
+    /// considered"); false (the default): one hold per segment.
+    pub fork_chunk_unlock: bool,
 }
 
 impl Default for ProtocolOptions {
@@ -63,6 +69,7 @@ impl Default for ProtocolOptions {
             l1_trick_pages: 64,
             mapping_chunks: true,
             shoot_lock_when_alone: true,
+            fork_chunk_unlock: false,
         }
     }
 }
@@ -139,6 +146,12 @@ pub const REGISTRY: &[Entry] = &[
         about: "broken svr42 pageout: local aging clears R/M without seizing the process (negative control)",
         negative_control: true,
         make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::PageoutNoSeize)),
+    },
+    Entry {
+        name: "svr42-pageunload-blocking",
+        about: "broken svr42 hat_pageunload: blocks on each HAT lock while holding the page spin lock (lock-order inversion; negative control)",
+        negative_control: true,
+        make: |o| Rc::new(svr42::Svr42::new(o, svr42::Mutation::PageunloadBlocking)),
     },
     Entry {
         name: "linux",

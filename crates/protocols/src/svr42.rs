@@ -56,6 +56,11 @@ pub enum Mutation {
     /// (a broken pageout; the HAT is intact). Set in the kernel's pageout
     /// state at `init`.
     PageoutNoSeize,
+    /// `hat_pageunload` takes each mapping's HAT lock with a blocking
+    /// acquisition while holding the page's spin lock (the inversion the
+    /// paper leaves open): a lock-order violation, and a deadlock against
+    /// a `hat_unload` that holds the HAT lock and wants the page.
+    PageunloadBlocking,
 }
 
 /// What a CPU's pending shootdown interrupt asks of it.
@@ -67,6 +72,17 @@ enum Request {
     /// then flush (or invalidate `update`'s range, with single-entry
     /// flushes).
     Immediate { release: u64, update: Update },
+}
+
+/// How an immediate shootdown went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shot {
+    /// Nothing mapped in the range: no shootdown.
+    Skipped,
+    /// No other CPU uses the as (the ablation without the lock).
+    Alone,
+    /// The algorithm ran, interrupting this many responders.
+    Responders(usize),
 }
 
 /// PTEs per mapping chunk on the i386: "the size of a mapping chunk is
@@ -110,8 +126,10 @@ pub struct Svr42 {
     /// (not running it); they flush its entries on their next
     /// `hat_asload`.
     asid_stale: RefCell<std::collections::BTreeMap<u32, mmulab_kernel::pmap::CpuSet>>,
-    /// Per physical page: its spin lock (allocated on first use).
-    page_locks: RefCell<std::collections::BTreeMap<u64, usize>>,
+    /// Fork write-protects the parent's ranges one mapping chunk (32
+    /// PTEs) at a time, dropping the HAT lock after each (§Analysis: "is
+    /// being considered"); false: one HAT-lock hold per segment.
+    fork_chunk_unlock: bool,
 }
 
 impl Svr42 {
@@ -131,7 +149,7 @@ impl Svr42 {
             counter: Cell::new(0),
             asid_tlb: Cell::new(false),
             asid_stale: RefCell::new(std::collections::BTreeMap::new()),
-            page_locks: RefCell::new(std::collections::BTreeMap::new()),
+            fork_chunk_unlock: o.fork_chunk_unlock,
         }
     }
 
@@ -150,30 +168,33 @@ impl Svr42 {
 
     /// Takes each page's spin lock to unlink its mapping-chunk entry (the
     /// sim's pv lists were updated with the PTE; this is the lock and its
-    /// time).
-    async fn edit_chains(&self, sim: &Sim, me: CpuId, pfns: &[u64]) {
+    /// time). `held`: a page whose spin lock the caller already holds
+    /// (`hat_pageunload`'s).
+    async fn edit_chains(&self, sim: &Sim, me: CpuId, pfns: &[u64], held: Option<u64>) {
         for &pfn in pfns {
-            let lock = {
-                let existing = self.page_locks.borrow().get(&pfn).copied();
-                match existing {
-                    Some(l) => l,
-                    None => {
-                        let l = sim.new_lock();
-                        sim.set_lock_class(l, mmulab_kernel::lockorder::LockClass::PageSpin);
-                        self.page_locks.borrow_mut().insert(pfn, l);
-                        l
-                    }
-                }
-            };
+            if Some(pfn) == held {
+                let c = sim.costs().pte_write_cycles;
+                sim.delay(me, Cycles(c)).await;
+                continue;
+            }
+            let (lock, _) = sim.page_locks(pfn);
             sim.lock(me, lock).await;
             sim.unlock(me, lock).await;
         }
     }
 
-    /// Writing an address space's present user level-1 entries into (or
-    /// clearing them from) one CPU's directory copy.
-    fn l1_copy_cycles(&self, sim: &Sim, pmap: PmapId) -> Cycles {
-        let w = sim.w();
+    /// `hat_asload`'s copy of an address space's user level-1 entries into
+    /// `cpu`'s directory (`Some`), or `hat_asunload`'s clear (`None`), and
+    /// its cost: one write per present entry. Without per-CPU directories
+    /// (non-i386 tables) the same count is charged against the address
+    /// space's own directory, which the MMU then walks.
+    fn l1_copy_cycles(&self, sim: &Sim, cpu: CpuId, pmap: PmapId, load: bool) -> Cycles {
+        let mut w = sim.w();
+        let pte_write = w.cfg.costs.pte_write_cycles;
+        if w.percpu_l1.is_some() {
+            let n = w.l1_load(cpu, load.then_some(pmap));
+            return Cycles(pte_write * n);
+        }
         let fmt = w.cfg.pt_format;
         let user_top = fmt.index(Vpn(mmulab_kernel::sim::KERNEL_BASE >> 12), 0);
         let root = w.pmaps[pmap.0 as usize].root;
@@ -184,7 +205,7 @@ impl Svr42 {
             .iter()
             .filter(|&&e| Pte(e).present())
             .count() as u64;
-        Cycles(w.cfg.costs.pte_write_cycles * n)
+        Cycles(pte_write * n)
     }
 
     /// Flushes one address space's entries from `cpu`'s tagged TLB (no
@@ -432,6 +453,34 @@ impl Svr42 {
         sim.delay(me, Cycles(costs.spl_cycles)).await;
         // The as's HAT spin lock (§Locking Design: one per address space).
         sim.lock_pmap(me, u.pmap).await;
+        let shot = self.immediate_locked(sim, me, u, None).await;
+        sim.unlock_pmap(me, u.pmap).await;
+        sim.set_ipl(me, saved);
+        if shot == Shot::Skipped {
+            return;
+        }
+        sim.delay(me, Cycles(costs.spl_cycles)).await;
+        self.record_shot(sim, start, shot);
+    }
+
+    fn record_shot(&self, sim: &Sim, start: Cycles, shot: Shot) {
+        if let Shot::Responders(n) = shot
+            && n > 0
+        {
+            sim.count("shootdown.user.events", 1);
+            sim.record(
+                "shootdown.user.initiator_cycles",
+                (sim.now() - start).0 as f64,
+            );
+            sim.record("shootdown.user.processors", n as f64);
+        }
+    }
+
+    /// The immediate algorithm with the as's HAT lock held (at splhi) by
+    /// the caller, who releases it. `held`: a page whose spin lock the
+    /// caller holds (`hat_pageunload`).
+    async fn immediate_locked(&self, sim: &Sim, me: CpuId, u: Update, held: Option<u64>) -> Shot {
+        let costs = sim.costs();
         // Range operations skip spans with nothing mapped (§Background:
         // no mapping chunk, no PTEs to look at); nothing mapped, no
         // shootdown at all.
@@ -441,9 +490,7 @@ impl Svr42 {
             .await;
         if !sim.w().any_mapped(u.pmap, u.start, u.pages) {
             sim.count("svr42.user.skipped", 1);
-            sim.unlock_pmap(me, u.pmap).await;
-            sim.set_ipl(me, saved);
-            return;
+            return Shot::Skipped;
         }
         // Ablation: with no other CPU in the as (stable: joining takes
         // the HAT lock we hold), skip the global lock and the interrupts.
@@ -461,12 +508,9 @@ impl Svr42 {
             sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
                 .await;
             self.range_flush(sim, me, &u).await;
-            self.edit_chains(sim, me, &chains).await;
-            sim.unlock_pmap(me, u.pmap).await;
-            sim.set_ipl(me, saved);
-            sim.delay(me, Cycles(costs.spl_cycles)).await;
+            self.edit_chains(sim, me, &chains, held).await;
             sim.count("svr42.user.alone", 1);
-            return;
+            return Shot::Alone;
         }
         // Step 1.
         sim.lock(me, self.lock_id()).await;
@@ -486,20 +530,9 @@ impl Svr42 {
         let trick = self.l1_trick_pages.is_some_and(|t| u.pages >= t)
             && sim.w().cfg.pt_format == PtFormat::I386;
         if trick {
-            self.l1_trick(sim, me, u, &targets, release).await;
-            sim.unlock_pmap(me, u.pmap).await;
-            sim.set_ipl(me, saved);
-            sim.delay(me, Cycles(costs.spl_cycles)).await;
+            self.l1_trick(sim, me, u, &targets, release, held).await;
             sim.count("svr42.l1_trick", 1);
-            if !targets.is_empty() {
-                sim.count("shootdown.user.events", 1);
-                sim.record(
-                    "shootdown.user.initiator_cycles",
-                    (sim.now() - start).0 as f64,
-                );
-                sim.record("shootdown.user.processors", targets.len() as f64);
-            }
-            return;
+            return Shot::Responders(targets.len());
         }
         // Step 3: edit the level-2 PTEs.
         let chains = self.unloaded_pages(sim, &u);
@@ -520,18 +553,8 @@ impl Svr42 {
         // shootdown) while its immediate algorithm edits in step 3 with
         // the shootdown lock held: the chain edits are done here, after
         // step 6, still under the HAT lock, which keeps the order.
-        self.edit_chains(sim, me, &chains).await;
-        sim.unlock_pmap(me, u.pmap).await;
-        sim.set_ipl(me, saved);
-        sim.delay(me, Cycles(costs.spl_cycles)).await;
-        if !targets.is_empty() {
-            sim.count("shootdown.user.events", 1);
-            sim.record(
-                "shootdown.user.initiator_cycles",
-                (sim.now() - start).0 as f64,
-            );
-            sim.record("shootdown.user.processors", targets.len() as f64);
-        }
+        self.edit_chains(sim, me, &chains, held).await;
+        Shot::Responders(targets.len())
     }
 
     /// §Immediate Shutdown Algorithm, the i386 optimisation for large
@@ -545,9 +568,17 @@ impl Svr42 {
     /// whole operation). The level-2 edit's time is charged with the L1
     /// entries cleared; the edit and the restore of the L1 entries then
     /// happen at one instant.
-    async fn l1_trick(&self, sim: &Sim, me: CpuId, u: Update, targets: &[CpuId], release: u64) {
+    async fn l1_trick(
+        &self,
+        sim: &Sim,
+        me: CpuId,
+        u: Update,
+        targets: &[CpuId],
+        release: u64,
+        _held: Option<u64>,
+    ) {
         let costs = sim.costs();
-        let (cleared, to_edit) = {
+        let (cleared, to_edit, copies_written) = {
             let mut w = sim.w();
             let mut to_edit = 0u64;
             w.for_each_present(u.pmap, u.start, u.pages, |_, _, _, _, _| to_edit += 1);
@@ -563,15 +594,18 @@ impl Svr42 {
                     cleared.push((i, e));
                 }
             }
-            (cleared, to_edit)
+            // Every CPU's copy: with per-CPU directories, each that holds
+            // the as's entries is edited; without them (non-i386 runs are
+            // excluded above) the copies are charged as if they existed.
+            let copies = if w.percpu_l1.is_some() {
+                w.l1_sync(u.pmap)
+            } else {
+                cleared.len() as u64 * (targets.len() as u64 + 1)
+            };
+            (cleared, to_edit, copies)
         };
-        // Every CPU sharing the as has its own copy of the directory.
-        let copies = targets.len() as u64 + 1;
-        sim.delay(
-            me,
-            Cycles(costs.pte_write_cycles * cleared.len() as u64 * copies),
-        )
-        .await;
+        sim.delay(me, Cycles(costs.pte_write_cycles * copies_written))
+            .await;
         self.counter.set(release);
         sim.delay(me, Cycles(costs.pte_write_cycles)).await;
         if self.asid_tlb.get() {
@@ -586,7 +620,12 @@ impl Svr42 {
             } else {
                 0
             };
-        sim.delay(me, Cycles(per_pte * to_edit)).await;
+        // The level-1 restore, into every copy, is charged with the edit.
+        sim.delay(
+            me,
+            Cycles(per_pte * to_edit + costs.pte_write_cycles * copies_written),
+        )
+        .await;
         let mut w = sim.w();
         let root = w.pmaps[u.pmap.0 as usize].root;
         for &(i, e) in &cleared {
@@ -597,6 +636,8 @@ impl Svr42 {
             );
             w.mem.table_mut(root)[i] = e;
         }
+        w.l1_sync(u.pmap);
+        w.l1_assert_consistent();
         w.pt_apply(me, &u);
     }
 
@@ -628,6 +669,7 @@ impl Protocol for Svr42 {
             Mutation::NoSpin => "svr42-no-spin",
             Mutation::SegmapNoShutdown => "svr42-segmap-no-shutdown",
             Mutation::PageoutNoSeize => "svr42-pageout-no-seize",
+            Mutation::PageunloadBlocking => "svr42-pageunload-blocking",
         }
     }
 
@@ -643,6 +685,9 @@ impl Protocol for Svr42 {
         *self.began.borrow_mut() = vec![0; n];
         self.min_cookie.set(0);
         self.asid_tlb.set(sim.w().cpus[0].tlb.config().asid);
+        // §Background: on the i386 each CPU has its own level-1 directory,
+        // kernel entries shared, user entries copied in by hat_asload.
+        sim.enable_percpu_l1();
         let mut w = sim.w();
         w.segmap.control_skip_shutdown = self.mutation == Mutation::SegmapNoShutdown;
         w.pageout.control_no_seize = self.mutation == Mutation::PageoutNoSeize;
@@ -658,6 +703,21 @@ impl Protocol for Svr42 {
         Box::pin(async move {
             if u.pmap == KERNEL_PMAP {
                 self.kernel_unload(sim, cpu, u).await;
+            } else if self.fork_chunk_unlock && sim.current_op_is(cpu, "fork") {
+                // One HAT-lock hold (and one shootdown) per mapping chunk.
+                let mut v = u.start.0;
+                let end = u.start.0 + u.pages;
+                while v < end {
+                    let next = ((v / CHUNK_PTES + 1) * CHUNK_PTES).min(end);
+                    let part = Update {
+                        start: Vpn(v),
+                        pages: next - v,
+                        ..u
+                    };
+                    sim.count("svr42.fork.chunk_holds", 1);
+                    self.immediate(sim, cpu, part).await;
+                    v = next;
+                }
             } else {
                 self.immediate(sim, cpu, u).await;
             }
@@ -677,6 +737,19 @@ impl Protocol for Svr42 {
     ) -> KFuture<'a> {
         Box::pin(async move {
             sim.check_no_spin_lock(cpu, "hat_memload");
+            // "Called with the reader/writer lock for the physical page
+            // held" (the VM layer takes it: `svr4_vm_locks`).
+            let (_, sleep) = sim.page_locks(pfn.0);
+            sim.check_holds(
+                cpu,
+                mmulab_kernel::lockorder::LockRef::Sleep(sleep),
+                "hat_memload",
+            );
+            assert!(
+                sim.holds_sleep_lock(cpu, sleep),
+                "hat_memload of frame {} without its page sleep lock",
+                pfn.0
+            );
             // "In all these operations, the HAT resource lock is acquired
             // by the HAT layer" (§Examples of the Locking requirements).
             let saved = sim.set_ipl(cpu, Ipl::HIGH);
@@ -685,6 +758,74 @@ impl Protocol for Svr42 {
             sim.delay(cpu, c).await;
             sim.unlock_pmap(cpu, pmap).await;
             sim.set_ipl(cpu, saved);
+        })
+    }
+
+    fn svr4_vm_locks(&self) -> bool {
+        true
+    }
+
+    /// `hat_pageunload`: entered holding the page's spin lock, which ranks
+    /// after the HAT lock (segment → page sleep → HAT → page spin →
+    /// shootdown), an inversion the paper leaves open. Resolved by
+    /// try-locking each mapping's HAT lock: on failure, drop the page
+    /// spin lock, wait (holding nothing of HAT rank or above) until that
+    /// HAT lock is free, retake the page spin lock and re-read the mapping
+    /// chain, which may have changed meanwhile (`svr42.pageunload.backoffs`
+    /// counts these). A HAT-lock holder never waits for anything this CPU
+    /// holds at the try (only the page spin lock, which it may want and
+    /// which the back-off releases), so there is no deadlock; the paper's
+    /// blocking acquisition is the control `svr42-pageunload-blocking`.
+    fn page_unload<'a>(&'a self, sim: &'a Sim, me: CpuId, pfn: mmulab_machine::Pfn) -> KFuture<'a> {
+        Box::pin(async move {
+            let (spin, _) = sim.page_locks(pfn.0);
+            assert_eq!(
+                sim.w().locks[spin],
+                Some(me),
+                "hat_pageunload without the page spin lock"
+            );
+            loop {
+                // The mapping chain, read under the page spin lock.
+                let chain = sim.w().mappings_of(pfn);
+                assert!(
+                    chain.iter().all(|&(p, _)| p != KERNEL_PMAP),
+                    "hat_pageunload of a kernel-mapped frame"
+                );
+                let Some(&(pmap, vpn)) = chain.first() else {
+                    break;
+                };
+                if self.mutation == Mutation::PageunloadBlocking {
+                    sim.lock_pmap(me, pmap).await;
+                } else if !sim.try_lock_pmap(me, pmap).await {
+                    sim.count("svr42.pageunload.backoffs", 1);
+                    sim.unlock(me, spin).await;
+                    sim.spin_until(me, "hat_pageunload back-off: a HAT lock", |w| {
+                        w.pmaps[pmap.0 as usize].lock.is_none()
+                    })
+                    .await;
+                    sim.lock(me, spin).await;
+                    continue;
+                }
+                // Re-validate: the chain entry may have gone while the HAT
+                // lock was being taken (its holder edits PTEs, and the
+                // pv list with them, before it takes the page spin lock).
+                let still = sim.w().mappings_of(pfn).contains(&(pmap, vpn));
+                if still {
+                    let u = Update {
+                        pmap,
+                        start: vpn,
+                        pages: 1,
+                        change: Change::Remove,
+                    };
+                    let start = sim.now();
+                    let shot = self.immediate_locked(sim, me, u, Some(pfn.0)).await;
+                    self.record_shot(sim, start, shot);
+                    sim.count("svr42.pageunload.mappings", 1);
+                } else {
+                    sim.count("svr42.pageunload.revalidated", 1);
+                }
+                sim.unlock_pmap(me, pmap).await;
+            }
         })
     }
 
@@ -737,11 +878,11 @@ impl Protocol for Svr42 {
                 w.cpus[cpu.index()].pmap = Some(pmap);
             }
             // "loads this address space into the MMU (just the level 1
-            // page table entries on the i386)": each CPU has its own
-            // directory, kernel entries shared, the user entries copied
-            // in here (a cost: the simulated MMU walks the address space's
-            // own directory).
-            let c = self.l1_copy_cycles(sim, pmap);
+            // page table entries on the i386)": the user entries are
+            // copied into this CPU's own directory, under the HAT lock
+            // (an L1 change of the as reaches every copy under it too).
+            let c = self.l1_copy_cycles(sim, cpu, pmap, true);
+            sim.w().l1_assert_consistent();
             sim.delay(cpu, c).await;
             sim.unlock_pmap(cpu, pmap).await;
             sim.set_ipl(cpu, saved);
@@ -774,8 +915,8 @@ impl Protocol for Svr42 {
             sim.unload_pmap(cpu, pmap);
             // "unloads the MMU mappings for this process (again, just the
             // level 1 translations on the i386)": clear the user entries
-            // of this CPU's directory copy.
-            let c = self.l1_copy_cycles(sim, pmap);
+            // of this CPU's directory.
+            let c = self.l1_copy_cycles(sim, cpu, pmap, false);
             sim.delay(cpu, c).await;
         })
     }

@@ -41,6 +41,10 @@ pub struct RandomSpec {
     /// (balan92 hat_offline/hat_online); default false.
     #[serde(default)]
     pub hotplug: bool,
+    /// Threads now and then unload every translation of one of their
+    /// pages (page stealing's `hat_pageunload`); default false.
+    #[serde(default)]
+    pub page_unload: bool,
 }
 
 fn yes() -> bool {
@@ -59,6 +63,7 @@ impl Default for RandomSpec {
             migrate: true,
             sleep: true,
             hotplug: false,
+            page_unload: false,
         }
     }
 }
@@ -328,6 +333,15 @@ impl Program for Thread {
             96..=99 if self.spec.hotplug => {
                 self.hotplug = Some(Hotplug::Offlined);
                 Op::Syscall(Syscall::CpuOffline)
+            }
+            88..=95 if self.spec.page_unload && ctx.rng.chance(0.5) => {
+                let Some((va, pages)) = self.pick(ctx, false) else {
+                    return Op::Compute(100);
+                };
+                let va = va + ctx.rng.below(pages) * PAGE;
+                Op::Syscall(Syscall::Pageout(
+                    mmulab_kernel::pageout::PageoutCall::PageUnload { va },
+                ))
             }
             88..=95 if self.spec.kmem => {
                 let free = ctx.rng.chance(0.5);
