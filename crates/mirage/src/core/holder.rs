@@ -401,14 +401,7 @@ impl Site {
                 let seg = self.segments.get(&segment).expect("segment");
                 if seg.detach_waiter.is_some() || seg.geometry.is_none() {
                     let seg = self.segments.remove(&segment).expect("segment");
-                    for (i, aux) in seg.pages.iter().enumerate() {
-                        if aux.held != Held::Nothing {
-                            self.actions.push(Action::Invalidate {
-                                segment,
-                                page: PageNo(i as u32),
-                            });
-                        }
-                    }
+                    self.invalidate_held(segment, &seg);
                     if let Some(process) = seg.detach_waiter {
                         self.actions.push(Action::Detached { segment, process });
                     }
@@ -490,14 +483,7 @@ impl Site {
         }
         let seg = self.segments.remove(&segment).expect("checked");
         // Copies of lost pages were not recalled: they go now.
-        for (i, aux) in seg.pages.iter().enumerate() {
-            if aux.held != Held::Nothing {
-                self.actions.push(Action::Invalidate {
-                    segment,
-                    page: PageNo(i as u32),
-                });
-            }
-        }
+        self.invalidate_held(segment, &seg);
         let process = seg.detach_waiter.expect("checked");
         self.actions.push(Action::Detached { segment, process });
         if !seg.attach_waiters.is_empty() {
@@ -606,6 +592,19 @@ impl Site {
         self.replay_deferred(segment, page);
         self.maybe_finish_detach(segment);
         Ok(())
+    }
+
+    /// Unmaps every page of a segment (just removed from this site) that
+    /// still held a copy.
+    fn invalidate_held(&mut self, segment: SegmentId, seg: &SiteSegment) {
+        for (i, aux) in seg.pages.iter().enumerate() {
+            if aux.held != Held::Nothing {
+                self.actions.push(Action::Invalidate {
+                    segment,
+                    page: PageNo(i as u32),
+                });
+            }
+        }
     }
 
     fn wake_waiters(&mut self, segment: SegmentId, page: PageNo) {
