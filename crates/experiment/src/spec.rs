@@ -276,6 +276,11 @@ impl Spec {
         let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
+        // `experiments/PAPER/*.toml` carry the paper's numbers in `[paper]`
+        // for `mmulab reproduce`; a plain run of such a spec ignores them.
+        if matches!(table.get("paper"), Some(Value::Table(_))) {
+            table.remove("paper");
+        }
         for s in sets {
             let (k, v) = s
                 .split_once('=')
@@ -475,6 +480,13 @@ mod tests {
     fn unknown_key_is_named() {
         assert!(err(&format!("{BASE}[machine]\ncpuz = 3\n"), &[]).contains("cpuz"));
         assert!(err(BASE, &["engine.bogus=1"]).contains("bogus"));
+    }
+
+    #[test]
+    fn a_paper_table_is_ignored_by_a_run_but_a_paper_value_is_not() {
+        let s = Spec::parse(&format!("{BASE}[paper]\nslope_us = 55.0\n"), &[], "t").unwrap();
+        assert_eq!(s.machine.cpus, 16);
+        assert!(err(&format!("paper = 3\n{BASE}"), &[]).contains("paper"));
     }
 
     #[test]
