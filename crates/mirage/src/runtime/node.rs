@@ -706,6 +706,8 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                 Ok(Frame::Core(m)) => Err(WireError::NotHello(m.kind())),
                 Ok(Frame::Dir(_)) => Err(WireError::NotHello("directory")),
                 Ok(Frame::Ping) => Err(WireError::NotHello("ping")),
+                // A peer stopping before it said hello: nothing to log.
+                Ok(Frame::Bye) => return,
                 Err(e) => Err(e),
             }
         };
@@ -734,6 +736,8 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                 break e.reason().to_string();
             }
             Ok(Frame::Ping) => shared.heard(site, None),
+            // A clean stop of the peer: its close is expected, no line.
+            Ok(Frame::Bye) => return,
             Ok(frame) => {
                 shared.heard(site, None);
                 shared
@@ -1225,8 +1229,10 @@ impl CoreLoop {
                 fault::unregister(slot);
             }
         }
+        // A clean stop: each peer hears a goodbye before the close, so
+        // that it logs nothing about it (an unexpected close is logged).
         for q in self.out.iter().flatten() {
-            q.close();
+            q.goodbye();
         }
     }
 
@@ -1286,7 +1292,7 @@ impl CoreLoop {
                 }
             }
             Frame::Dir(d) => self.directory(from, d),
-            Frame::Hello(_) | Frame::Ping => {}
+            Frame::Hello(_) | Frame::Ping | Frame::Bye => {}
         }
     }
 
@@ -2270,6 +2276,26 @@ impl Outbound {
             st.backlog.extend_from_slice(&bytes[done..]);
             self.queue.cv.notify_one();
         }
+    }
+
+    /// Sends `Bye`, lets the writer flush what is queued (bounded), then
+    /// closes.
+    fn goodbye(&self) {
+        self.send(wire::encode(Frame::Bye));
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            {
+                let st = self.queue.state.lock().expect("out");
+                if st.broken || (st.backlog.is_empty() && !st.busy) {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.close();
     }
 
     fn close(&self) {
