@@ -11,19 +11,47 @@
 //!
 //! How a program and its site daemon share a segment: the daemon owns one
 //! memfd per segment (the site's one copy, shared by every local process)
-//! and sends it with the attach; the program maps it with no access and
-//! the daemon sets each page's protection through this library's service
-//! thread (`PROTECT`), which acknowledges a reduction only after its
-//! `mprotect` returned: a page leaves the site only after every local
-//! mapping has lost the right. A fault (SIGSEGV on a DSM address, typed
-//! from the x86-64 error code) sends one record to the daemon and sleeps
-//! on a futex until the daemon's `WAKE`.
+//! and sends it with the attach. Faults are caught one of two ways, chosen
+//! once per process at its first connection (`MMULAB_DSM_FAULT_PATH` =
+//! `mprotect`, `uffd` or `uffd-user`; unset: the best the kernel offers;
+//! `MMULAB_DSM_VERBOSE` set: the choice is printed on stderr, once):
+//!
+//! - **userfaultfd** (design (a) of issue #7): userfaultfd is per address
+//!   space, so the program opens its own (full, else
+//!   `UFFD_USER_MODE_ONLY`), maps the memfd with its access, registers
+//!   the mapping in missing + write-protect modes, write-protects it whole
+//!   and passes the fd to the daemon over the local socket (`REGISTER`,
+//!   `SCM_RIGHTS`). The attach completes with the daemon's answer, once it
+//!   lifted the protection of the pages held for writing. From then on the
+//!   daemon's thread reads the program's faults from that fd and wakes
+//!   them; it takes a write right away with `UFFDIO_WRITEPROTECT` through
+//!   the same fd (synchronous: when the ioctl returns, the program's
+//!   mapping has lost the right) and every right by punching the page out
+//!   of the memfd (a later access is a missing fault). No thread of the
+//!   daemon or of this library touches DSM memory through a mapping that
+//!   can fault. A page that cannot be served (`LOST`) is replaced here by
+//!   a mapping past the end of an empty memfd before the faulter is
+//!   woken: SIGBUS at that address. Under `UFFD_USER_MODE_ONLY` a system
+//!   call touching a page not held (`read(fd, shm, n)`) gets EFAULT, as
+//!   on the mprotect path; with a full userfaultfd the daemon serves it.
+//! - **mprotect + SIGSEGV**: the program maps the memfd with no access and
+//!   the daemon sets each page's protection through this library's service
+//!   thread (`PROTECT`), which acknowledges a reduction only after its
+//!   `mprotect` returned: a page leaves the site only after every local
+//!   mapping has lost the right. A fault (SIGSEGV on a DSM address, typed
+//!   from the x86-64 error code) sends one record to the daemon and
+//!   sleeps on a futex until the daemon's `WAKE`.
 //!
 //! Limits: a statically linked program never loads this library and uses
 //! the kernel's own System V segments (`mmulab dsm run` warns); a program
 //! that installs its own SIGSEGV handler after attaching takes the faults
 //! away from the DSM. A child of `fork` is re-armed before `fork`
-//! returns (`pthread_atfork`, below); a raw `clone` or `vfork` is not.
+//! returns (`pthread_atfork`, below): on the userfaultfd path its
+//! inherited mappings lose their registration in the fork (an
+//! unregistered shared mapping would zero-fill a missing page into the
+//! site's copy), so the child opens its own userfaultfd, registers and
+//! write-protects them and waits for the daemon's answer. A raw `clone`
+//! or `vfork` is not re-armed.
 
 pub mod proto;
 

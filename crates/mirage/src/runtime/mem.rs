@@ -3,7 +3,10 @@
 //! mapping, which is always read-write and never handed to a program, so
 //! no thread that serves faults ever touches a mapping that can fault.
 //! Programs see attach mappings whose per-page protection mirrors what the
-//! core says this site holds.
+//! core says this site holds: set by the daemon itself through the
+//! program's userfaultfd (write protection; a page held nowhere here is a
+//! hole in the memfd, which takes it from every mapping at once), or by
+//! the program's service thread on the mprotect path ([`RemoteFaults`]).
 
 use super::local::{Client, proto};
 use super::uffd::{self, Uffd};
