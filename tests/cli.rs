@@ -417,7 +417,7 @@ fn bounded_output(mut child: std::process::Child) -> Output {
 /// fleisch89 Fig. 4's ping-pong in C (examples/c/pingpong.c), unmodified
 /// System V calls, one process on each of two sites, started with
 /// `mmulab dsm run`; `mmulab dsm status` lists both sites; SIGTERM stops a
-/// daemon cleanly.
+/// daemon cleanly, and its peer logs nothing about it.
 #[test]
 fn dsm_run_pingpong_in_c_on_two_sites() {
     let dir = tmp("dsm-pingpong");
@@ -469,6 +469,27 @@ fn dsm_run_pingpong_in_c_on_two_sites() {
     let out = bounded_output(a);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("site a stopped"), "{}", stderr(&out));
+    // A clean stop is not an event worth a line per connection: a said
+    // goodbye on each of its connections, so b (stopped in turn) logged
+    // nothing about them. Before the goodbye frame, b printed "site a
+    // (...): connection ended: connection closed" for each.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let b = sites.0.remove(0);
+    let killed = Command::new("kill")
+        .args(["-TERM", &b.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = bounded_output(b);
+    let err_b = stderr(&out);
+    assert!(err_b.contains("site b stopped"), "{err_b}");
+    let about_a: Vec<&str> = err_b
+        .lines()
+        .filter(|l| {
+            l.contains("site a") && (l.contains("connection ended") || l.contains("dropped"))
+        })
+        .collect();
+    assert!(about_a.is_empty(), "b logged a's clean stop: {about_a:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

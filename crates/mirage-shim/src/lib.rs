@@ -11,28 +11,61 @@
 //!
 //! How a program and its site daemon share a segment: the daemon owns one
 //! memfd per segment (the site's one copy, shared by every local process)
-//! and sends it with the attach; the program maps it with no access and
-//! the daemon sets each page's protection through this library's service
-//! thread (`PROTECT`), which acknowledges a reduction only after its
-//! `mprotect` returned: a page leaves the site only after every local
-//! mapping has lost the right. A fault (SIGSEGV on a DSM address, typed
-//! from the x86-64 error code) sends one record to the daemon and sleeps
-//! on a futex until the daemon's `WAKE`.
+//! and sends it with the attach. Faults are caught one of two ways, chosen
+//! once per process at its first connection (`MMULAB_DSM_FAULT_PATH` =
+//! `mprotect`, `uffd` or `uffd-user`; unset: the best the kernel offers;
+//! `MMULAB_DSM_VERBOSE` set: the choice is printed on stderr, once):
+//!
+//! - **userfaultfd** (design (a) of issue #7): userfaultfd is per address
+//!   space, so the program opens its own (full, else
+//!   `UFFD_USER_MODE_ONLY`), maps the memfd with its access, registers
+//!   the mapping in missing + write-protect modes, write-protects it whole
+//!   and passes the fd to the daemon over the local socket (`REGISTER`,
+//!   `SCM_RIGHTS`). The attach completes with the daemon's answer, once it
+//!   lifted the protection of the pages held for writing. From then on the
+//!   daemon's thread reads the program's faults from that fd and wakes
+//!   them; it takes a write right away with `UFFDIO_WRITEPROTECT` through
+//!   the same fd (synchronous: when the ioctl returns, the program's
+//!   mapping has lost the right) and every right by punching the page out
+//!   of the memfd (a later access is a missing fault). No thread of the
+//!   daemon or of this library touches DSM memory through a mapping that
+//!   can fault. A page that cannot be served (`LOST`) is replaced here by
+//!   a mapping past the end of an empty memfd before the faulter is
+//!   woken: SIGBUS at that address. Under `UFFD_USER_MODE_ONLY` a system
+//!   call touching a page not held (`read(fd, shm, n)`) gets EFAULT, as
+//!   on the mprotect path; with a full userfaultfd the daemon serves it.
+//! - **mprotect + SIGSEGV**: the program maps the memfd with no access and
+//!   the daemon sets each page's protection through this library's service
+//!   thread (`PROTECT`), which acknowledges a reduction only after its
+//!   `mprotect` returned: a page leaves the site only after every local
+//!   mapping has lost the right. A fault (SIGSEGV on a DSM address, typed
+//!   from the x86-64 error code) sends one record to the daemon and
+//!   sleeps on a futex until the daemon's `WAKE`.
 //!
 //! Limits: a statically linked program never loads this library and uses
 //! the kernel's own System V segments (`mmulab dsm run` warns); a program
 //! that installs its own SIGSEGV handler after attaching takes the faults
 //! away from the DSM. A child of `fork` is re-armed before `fork`
-//! returns (`pthread_atfork`, below); a raw `clone` or `vfork` is not.
+//! returns (`pthread_atfork`, below): on the userfaultfd path its
+//! inherited mappings lose their registration in the fork (an
+//! unregistered shared mapping would zero-fill a missing page into the
+//! site's copy), so the child opens its own userfaultfd, registers and
+//! write-protects them and waits for the daemon's answer. A raw `clone`
+//! or `vfork` is not re-armed.
 
 pub mod proto;
 
+// The daemon's userfaultfd wrapper, one definition for both.
+#[allow(dead_code)]
+#[path = "../../mirage/src/runtime/uffd.rs"]
+mod uffd;
+
 use nix::libc;
-use proto::{LocalMsg, MAX_MESSAGE_BYTES, MSG_BYTES, WaitSlot, kind, wake};
-use rustix::fd::{AsFd, AsRawFd, OwnedFd};
+use proto::{LocalMsg, MAX_MESSAGE_BYTES, MSG_BYTES, WaitSlot, kind, mode, wake};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{
-    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendFlags, SocketAddrUnix,
-    SocketType,
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketType,
 };
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -67,6 +100,8 @@ fn set_errno(e: i32) {
 
 struct Client {
     sock: OwnedFd,
+    /// Whether this connection's daemon has the userfaultfd already.
+    uffd_sent: AtomicBool,
     next_id: AtomicU64,
     pending: Mutex<BTreeMap<u64, Pending>>,
     cv: Condvar,
@@ -86,6 +121,12 @@ enum Pending {
     /// An attach asks for this address (0: anywhere).
     Waiting {
         addr: usize,
+    },
+    /// The userfaultfd path: mapped and registered at `base`, waiting
+    /// for the daemon's answer to `REGISTER`.
+    Registering {
+        base: usize,
+        process: u32,
     },
     Done {
         reply: LocalMsg,
@@ -115,6 +156,7 @@ fn client() -> Option<&'static Client> {
         // SAFETY: as above.
         return Some(unsafe { &*p });
     }
+    choose_fault_path();
     match open_socket(&path) {
         Ok(sock) => Some(adopt(sock, BTreeMap::new())),
         Err(e) => {
@@ -144,6 +186,7 @@ fn adopt(sock: OwnedFd, maps: BTreeMap<u32, Mapping>) -> &'static Client {
     DEAD.store(false, Ordering::Release);
     let c: &'static Client = Box::leak(Box::new(Client {
         sock,
+        uffd_sent: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
         pending: Mutex::new(BTreeMap::new()),
         cv: Condvar::new(),
@@ -158,6 +201,88 @@ fn adopt(sock: OwnedFd, maps: BTreeMap<u32, Mapping>) -> &'static Client {
         .name("mmulab-dsm-service".into())
         .spawn(move || service(c));
     c
+}
+
+/// Sends one record, with a file descriptor as `SCM_RIGHTS` when given.
+fn send_with_fd(sock: &OwnedFd, m: &LocalMsg, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+    let Some(fd) = fd else {
+        rustix::net::send(sock, m.as_bytes(), SendFlags::NOSIGNAL)?;
+        return Ok(());
+    };
+    let fds = [fd];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("no room for SCM_RIGHTS"));
+    }
+    rustix::net::sendmsg(
+        sock,
+        &[std::io::IoSlice::new(m.as_bytes())],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// The fault path, chosen once per process at its first connection: the
+// program's own userfaultfd (it is per address space, so the shim opens
+// it), registered in missing + write-protect modes on every attach
+// mapping and passed to the site daemon, whose thread serves the faults
+// and sets write protection through it; else mprotect + SIGSEGV with this
+// library's service thread and signal handler. `MMULAB_DSM_FAULT_PATH`
+// (`mprotect`, `uffd`, `uffd-user`) chooses; unset, the best the kernel
+// offers: a full userfaultfd, else `UFFD_USER_MODE_ONLY`, else mprotect.
+
+/// This process's userfaultfd (null: the mprotect path). Leaked, never
+/// freed; a fork's child opens its own.
+static UFFD: AtomicPtr<uffd::Uffd> = AtomicPtr::new(std::ptr::null_mut());
+static FAULT_PATH: Once = Once::new();
+
+const PATH_MPROTECT: &str = "mprotect+SIGSEGV";
+const PATH_UFFD: &str = "userfaultfd (missing + write-protect)";
+const PATH_UFFD_USER: &str = "userfaultfd user-mode-only (missing + write-protect)";
+
+fn current_uffd() -> Option<&'static uffd::Uffd> {
+    let p = UFFD.load(Ordering::Acquire);
+    // SAFETY: userfaultfds are leaked, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn path_name(u: Option<&uffd::Uffd>) -> &'static str {
+    match u {
+        None => PATH_MPROTECT,
+        Some(u) if u.user_mode_only => PATH_UFFD_USER,
+        Some(_) => PATH_UFFD,
+    }
+}
+
+fn choose_fault_path() {
+    FAULT_PATH.call_once(|| {
+        let full = || uffd::Uffd::open(false).ok().filter(uffd::works);
+        let user = || uffd::Uffd::open(true).ok().filter(uffd::works);
+        let want = std::env::var(proto::FAULT_PATH_ENV).unwrap_or_default();
+        let (u, note) = match want.as_str() {
+            "mprotect" => (None, ""),
+            "uffd" => (full(), " (MMULAB_DSM_FAULT_PATH=uffd is not offered here)"),
+            "uffd-user" => (
+                user(),
+                " (MMULAB_DSM_FAULT_PATH=uffd-user is not offered here)",
+            ),
+            _ => (full().or_else(user), ""),
+        };
+        let note = if u.is_none() { note } else { "" };
+        if let Some(u) = u {
+            UFFD.store(Box::into_raw(Box::new(u)), Ordering::Release);
+        }
+        if std::env::var_os(proto::VERBOSE_ENV).is_some() || !note.is_empty() {
+            eprintln!(
+                "mmulab dsm: pid {}: fault path: {}{note}",
+                std::process::id(),
+                path_name(current_uffd())
+            );
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -222,6 +347,11 @@ fn clone_for_child(path: &std::ffi::OsStr, maps: &[(u32, Mapping)]) -> std::io::
         r.id = i as u64 + 1;
         r.a = *process as u64;
         r.b = if m.readonly { SHM_RDONLY as u64 } else { 0 };
+        r.c = if current_uffd().is_some() {
+            mode::UFFD
+        } else {
+            mode::MPROTECT
+        };
         rustix::net::send(&sock, r.as_bytes(), SendFlags::NOSIGNAL)?;
     }
     let mut child: BTreeMap<u32, Mapping> = BTreeMap::new();
@@ -280,16 +410,133 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // The parent's userfaultfd serves the parent's address space: the
+    // child closes its copy and opens its own (same kind).
+    let parent = UFFD.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    let mut own: Option<std::io::Result<uffd::Uffd>> = None;
+    if !parent.is_null() {
+        // SAFETY: the leaked parent's userfaultfd; only its fd is closed
+        // (the struct is never dropped).
+        let user_mode_only = unsafe {
+            libc::close((*parent).raw());
+            (*parent).user_mode_only
+        };
+        own = Some(uffd::Uffd::open(user_mode_only));
+    }
     let prep = PREP.lock().unwrap_or_else(|e| e.into_inner()).take();
     let Some(prep) = prep else {
-        // No DSM mappings: the child connects afresh when it needs to.
+        // No DSM mappings (or re-arming switched off): the child connects
+        // afresh when it needs to.
+        if let Some(Ok(u)) = own {
+            UFFD.store(Box::into_raw(Box::new(u)), Ordering::Release);
+        }
         CURRENT.store(std::ptr::null_mut(), Ordering::Release);
         return;
     };
     for (&process, m) in &prep.maps {
         TABLE[m.slot].process.store(process, Ordering::Release);
     }
+    if let Some(own) = own {
+        // The inherited mappings lost their userfaultfd registration in
+        // the fork (no UFFD_FEATURE_EVENT_FORK): an access now would
+        // bypass the DSM (a missing page would be zero-filled into the
+        // site's copy). Re-arm before fork returns.
+        let u = match own {
+            Ok(u) => Some(u),
+            Err(e) => {
+                eprintln!(
+                    "mmulab dsm: fork: no userfaultfd in the child ({e}); its mappings fall back to mprotect+SIGSEGV"
+                );
+                None
+            }
+        };
+        if let Err(e) = rearm_child(&prep, u.as_ref()) {
+            // Nothing left to serve the mappings: they must not be used.
+            for m in prep.maps.values() {
+                // SAFETY: the child's own copies of its attach mappings.
+                unsafe { libc::mprotect(m.base as *mut c_void, m.len, libc::PROT_NONE) };
+            }
+            eprintln!("mmulab dsm: fork: the child's mappings are not re-armed: {e}");
+        }
+        if let Some(u) = u {
+            UFFD.store(Box::into_raw(Box::new(u)), Ordering::Release);
+        }
+    }
     adopt(prep.sock, prep.maps);
+}
+
+/// The child of a fork on the userfaultfd path: registers every inherited
+/// mapping with the child's own userfaultfd `u` and write-protects it
+/// whole (or, without one, makes it inaccessible), tells the daemon
+/// (`REGISTER`, the fd with the first) and waits for its answers, which
+/// set the present protections.
+fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
+    for m in prep.maps.values() {
+        match u {
+            Some(u) => {
+                u.register(m.base, m.len, m.readonly)?;
+                if !m.readonly {
+                    u.write_protect(m.base, m.len, true)?;
+                }
+            }
+            None => {
+                // SAFETY: the child's own copy of an attach mapping.
+                if unsafe { libc::mprotect(m.base as *mut c_void, m.len, libc::PROT_NONE) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
+    }
+    rustix::net::sockopt::set_socket_timeout(
+        &prep.sock,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(10)),
+    )?;
+    let mut first = true;
+    for (i, (&process, m)) in prep.maps.iter().enumerate() {
+        let mut r = LocalMsg::new(kind::REGISTER);
+        r.id = i as u64 + 1;
+        r.a = process as u64;
+        r.b = m.base as u64;
+        r.c = if u.is_some() {
+            mode::UFFD
+        } else {
+            mode::MPROTECT
+        };
+        let fd = u.filter(|_| first).map(|u| u.fd());
+        send_with_fd(&prep.sock, &r, fd)?;
+        first = false;
+    }
+    let mut answered = 0;
+    let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    while answered < prep.maps.len() {
+        let n = rustix::net::recv(&prep.sock, &mut buf, RecvFlags::empty())?.0;
+        let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
+            return Err(std::io::Error::other("the daemon hung up"));
+        };
+        match m.kind {
+            kind::REPLY if m.err != 0 => return Err(std::io::Error::from_raw_os_error(m.err)),
+            kind::REPLY => answered += 1,
+            kind::PROTECT => {
+                // The mprotect fallback: the present protections.
+                if let Some(map) = prep.maps.get(&(m.a as u32)) {
+                    protect_range(map, &m);
+                }
+                if m.id != 0 {
+                    let mut ack = LocalMsg::new(kind::ACK);
+                    ack.id = m.id;
+                    rustix::net::send(&prep.sock, ack.as_bytes(), SendFlags::NOSIGNAL)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    rustix::net::sockopt::set_socket_timeout(
+        &prep.sock,
+        rustix::net::sockopt::Timeout::Recv,
+        None,
+    )?;
+    Ok(())
 }
 
 fn protect_range(map: &Mapping, m: &LocalMsg) {
@@ -351,10 +598,56 @@ impl Client {
 
     fn finish(&self, id: u64, reply: LocalMsg, base: usize) {
         let mut p = self.pending.lock().expect("pending");
-        if p.contains_key(&id) {
-            p.insert(id, Pending::Done { reply, base });
+        match p.get(&id) {
+            None => {}
+            Some(&Pending::Registering { base, process }) => {
+                // The answer to a REGISTER completes the attach.
+                let base = if reply.err == 0 {
+                    base
+                } else {
+                    self.undo_attach(process);
+                    0
+                };
+                p.insert(id, Pending::Done { reply, base });
+            }
+            Some(_) => {
+                p.insert(id, Pending::Done { reply, base });
+            }
         }
         self.cv.notify_all();
+    }
+
+    /// Gives back an attach that could not be completed.
+    fn undo_attach(&self, process: u32) {
+        if let Some(map) = self.maps.lock().expect("maps").remove(&process) {
+            unregister(map.slot);
+            // SAFETY: our own attach mapping, never handed to the program.
+            unsafe { libc::munmap(map.base as *mut c_void, map.len) };
+        }
+        let mut d = LocalMsg::new(kind::DETACH);
+        d.a = process as u64;
+        self.send(&d);
+    }
+
+    /// `REGISTER` of a mapping registered with this process's userfaultfd
+    /// (`u`; `None`: made inaccessible instead, the mprotect fallback).
+    /// The fd goes along the first time on this connection.
+    fn send_register(&self, id: u64, process: u32, base: usize, u: Option<&uffd::Uffd>) -> bool {
+        let mut r = LocalMsg::new(kind::REGISTER);
+        r.id = id;
+        r.a = process as u64;
+        r.b = base as u64;
+        r.c = if u.is_some() {
+            mode::UFFD
+        } else {
+            mode::MPROTECT
+        };
+        let fd = u.filter(|_| !self.uffd_sent.load(Ordering::Acquire));
+        let ok = send_with_fd(&self.sock, &r, fd.map(|u| u.fd())).is_ok();
+        if ok && fd.is_some() {
+            self.uffd_sent.store(true, Ordering::Release);
+        }
+        ok
     }
 }
 
@@ -400,6 +693,26 @@ fn service(c: &'static Client) {
                     c.send(&ack);
                 }
             }
+            kind::LOST => {
+                // The userfaultfd path: coherence before availability, no
+                // stale copy, no zeros. The page is replaced by a mapping
+                // past the end of an empty memfd, then the faulter is
+                // woken: its retried access takes a SIGBUS there.
+                let ps = page_size();
+                let page = m.a as usize & !(ps - 1);
+                eprintln!("mmulab dsm: {}; SIGBUS", m.text_str());
+                if let Some(u) = current_uffd() {
+                    if c.maps
+                        .lock()
+                        .expect("maps")
+                        .values()
+                        .any(|map| page >= map.base && page < map.base + map.len)
+                    {
+                        uffd::poison(page, ps);
+                    }
+                    u.wake(page, ps);
+                }
+            }
             kind::WAKE => {
                 // SAFETY: the faulter sleeps on this slot until woken.
                 let slot = unsafe { &*(m.a as *const WaitSlot) };
@@ -435,19 +748,29 @@ fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
         Some(Pending::Waiting { addr }) => *addr,
         _ => 0,
     };
+    let readonly = m.c != 0;
+    let u = current_uffd();
+    // On the userfaultfd path the mapping keeps its access and the kernel
+    // asks the daemon (holes, write protection); on the mprotect path it
+    // starts inaccessible.
+    let prot = match (u, readonly) {
+        (None, _) => libc::PROT_NONE,
+        (Some(_), true) => libc::PROT_READ,
+        (Some(_), false) => libc::PROT_READ | libc::PROT_WRITE,
+    };
     let mapped = fd.ok_or(libc::EIO).and_then(|fd| {
         let flags = if want != 0 {
             libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE
         } else {
             libc::MAP_SHARED
         };
-        // SAFETY: a fresh shared mapping of the segment's memfd, no access
-        // yet; FIXED_NOREPLACE never clobbers an existing mapping.
+        // SAFETY: a fresh shared mapping of the segment's memfd, not handed
+        // to the program yet; FIXED_NOREPLACE never clobbers a mapping.
         let p = unsafe {
             libc::mmap(
                 want as *mut c_void,
                 len,
-                libc::PROT_NONE,
+                prot,
                 flags,
                 fd.as_fd().as_raw_fd(),
                 0,
@@ -463,10 +786,28 @@ fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
             unsafe { libc::munmap(p, len) };
             return Err(libc::EINVAL);
         }
+        if let Some(u) = u {
+            // Registered and write-protected whole before the program
+            // can touch it; the daemon lifts what the site holds.
+            let armed = u.register(p as usize, len, readonly).and_then(|_| {
+                if readonly {
+                    Ok(())
+                } else {
+                    u.write_protect(p as usize, len, true)
+                }
+            });
+            if let Err(e) = armed {
+                // SAFETY: the mapping just made.
+                unsafe { libc::munmap(p, len) };
+                return Err(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
         Ok(p as usize)
     });
     match mapped {
         Ok(base) => {
+            // The SIGSEGV table also serves the userfaultfd path: a write
+            // through SHM_RDONLY is a SIGSEGV there too.
             let slot = register(base, len, process);
             c.maps.lock().expect("maps").insert(
                 process,
@@ -474,10 +815,24 @@ fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
                     base,
                     len,
                     slot,
-                    readonly: m.c != 0,
+                    readonly,
                 },
             );
-            c.finish(m.id, m, base);
+            if u.is_some() {
+                // The attach completes with the daemon's answer.
+                let mut p = c.pending.lock().expect("pending");
+                if p.contains_key(&m.id) {
+                    p.insert(m.id, Pending::Registering { base, process });
+                }
+                drop(p);
+                if !c.send_register(m.id, process, base, u) {
+                    let mut r = m;
+                    r.err = libc::EIO;
+                    c.finish(m.id, r, 0);
+                }
+            } else {
+                c.finish(m.id, m, base);
+            }
         }
         Err(e) => {
             // Give the attach back, then fail the call.
@@ -726,6 +1081,11 @@ pub unsafe extern "C" fn mmulab_shmat(shmid: i32, addr: *const c_void, shmflg: i
     let mut m = LocalMsg::new(kind::ATTACH);
     m.a = shmid as u32 as u64;
     m.b = (shmflg & SHM_RDONLY) as u64;
+    m.c = if current_uffd().is_some() {
+        mode::UFFD
+    } else {
+        mode::MPROTECT
+    };
     match c.call(m, want) {
         Ok((_, base)) => base as *mut c_void,
         Err(e) => fail(e, failed),

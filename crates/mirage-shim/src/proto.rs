@@ -13,7 +13,10 @@ pub mod kind {
     // Program → daemon.
     /// `a` = key (as i32), `b` = size, `c` = shmflg → `REPLY` `a` = shmid.
     pub const GET: u32 = 1;
-    /// `a` = shmid, `b` = shmflg → `ATTACH_OK` (+ memfd, then `PROTECT`s) or `REPLY` error.
+    /// `a` = shmid, `b` = shmflg, `c` = a [`mode`] value → `ATTACH_OK`
+    /// (+ memfd; then, on the mprotect path, `PROTECT`s) or `REPLY` error.
+    /// On the userfaultfd path the attach is complete only after the
+    /// program's `REGISTER`.
     pub const ATTACH: u32 = 2;
     /// `a` = the attach's process number → `REPLY`.
     pub const DETACH: u32 = 3;
@@ -31,8 +34,18 @@ pub mod kind {
     pub const STATUS: u32 = 8;
     /// Before `fork` returns, on a new connection for the child: `a` = the
     /// parent's attach (process number), `b` = `SHM_RDONLY` or 0 → an
-    /// `ATTACH_OK` for the child's copy of that mapping (already mapped).
+    /// `ATTACH_OK` for the child's copy of that mapping (already mapped);
+    /// `c` = a [`mode`] value.
     pub const CLONE: u32 = 9;
+    /// The userfaultfd path: the program registered attach `a` (at base
+    /// `b`, `c` = [`mode`]`::UFFD`) with its userfaultfd and
+    /// write-protected all of it; the userfaultfd itself rides along as
+    /// `SCM_RIGHTS` (the daemon keeps the first one of a connection and
+    /// serves its faults). `c` = [`mode`]`::MPROTECT`: the program could
+    /// not (a fork's child without a userfaultfd) and made the mapping
+    /// inaccessible instead; the daemon then drives it with `PROTECT`s.
+    /// → `REPLY` (with the `id` of the request being completed).
+    pub const REGISTER: u32 = 10;
     // Daemon → program.
     pub const REPLY: u32 = 100;
     /// `id` = the request, `a` = process, `b` = length, `c` = read-only.
@@ -45,6 +58,11 @@ pub mod kind {
     pub const WAKE: u32 = 103;
     /// `id` = the request; UTF-8 text follows the record.
     pub const STATUS_TEXT: u32 = 104;
+    /// The userfaultfd path: a fault on the page at address `a` (in the
+    /// program) cannot be served coherently (`text` = why). The program's service thread
+    /// prints the line, maps an empty memfd over the page and wakes the
+    /// faulter, whose retried access takes a SIGBUS there.
+    pub const LOST: u32 = 105;
 }
 
 /// Page protection values of `PROTECT`.
@@ -52,6 +70,17 @@ pub mod prot {
     pub const NONE: u64 = 0;
     pub const READ: u64 = 1;
     pub const READ_WRITE: u64 = 2;
+}
+
+/// How a program catches faults on an attach (`ATTACH`, `CLONE`,
+/// `REGISTER`: field `c`).
+pub mod mode {
+    /// mprotect + SIGSEGV: the program's service thread sets protections
+    /// (`PROTECT`) and its signal handler sends `FAULT`s.
+    pub const MPROTECT: u64 = 0;
+    /// userfaultfd, registered by the program (missing + write-protect),
+    /// served by the daemon through the fd the program passed it.
+    pub const UFFD: u64 = 1;
 }
 
 /// Values a `WAKE` stores in the faulter's slot.
@@ -146,3 +175,8 @@ pub struct WaitSlot {
 
 /// The environment variable naming the daemon's socket.
 pub const SOCKET_ENV: &str = "MMULAB_DSM_SOCKET";
+/// The fault path (`mprotect`, `uffd`, `uffd-user`; unset: the best the
+/// kernel offers), for the daemon and for programs under the shim.
+pub const FAULT_PATH_ENV: &str = "MMULAB_DSM_FAULT_PATH";
+/// Set: the shim reports its fault path on stderr once.
+pub const VERBOSE_ENV: &str = "MMULAB_DSM_VERBOSE";

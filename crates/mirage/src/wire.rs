@@ -31,7 +31,8 @@ use std::io::{self, Read, Write};
 pub const MAGIC: [u8; 4] = *b"MIRG";
 /// Bumped on any change of the frame layout or of `Header`'s encoding.
 /// 2: `Ping` (heartbeats) added.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 3: `Bye` (a clean close) added.
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const PREFIX_BYTES: usize = 16;
 
 /// Upper bounds checked before allocating. Every default is written here.
@@ -107,6 +108,9 @@ pub enum Header {
     /// A heartbeat: the sender is alive (a silent peer is declared dead
     /// after the runtime's `peer_timeout`).
     Ping,
+    /// The sender closes this connection on purpose (a clean stop): the
+    /// close that follows is not worth a log line.
+    Bye,
 }
 
 /// A decoded, complete frame.
@@ -116,6 +120,7 @@ pub enum Frame {
     Core(Msg),
     Dir(DirMsg),
     Ping,
+    Bye,
 }
 
 /// Why a frame or a peer was rejected. [`WireError::reason`] is the short
@@ -190,6 +195,7 @@ fn kind(frame: &Header) -> &'static str {
         Header::Core(m) => m.kind(),
         Header::Dir(_) => "directory",
         Header::Ping => "ping",
+        Header::Bye => "bye",
     }
 }
 
@@ -200,6 +206,7 @@ pub fn encode(frame: Frame) -> Vec<u8> {
         Frame::Hello(h) => (Header::Hello(h), Vec::new()),
         Frame::Dir(d) => (Header::Dir(d), Vec::new()),
         Frame::Ping => (Header::Ping, Vec::new()),
+        Frame::Bye => (Header::Bye, Vec::new()),
         Frame::Core(mut msg) => {
             let page = match &mut msg {
                 Msg::Page { bytes, .. } | Msg::CheckedIn { bytes, .. } => std::mem::take(bytes),
@@ -300,6 +307,7 @@ pub fn read_frame(r: &mut impl Read, limits: &Limits) -> Result<Frame, WireError
         Header::Hello(h) if page.is_empty() => Ok(Frame::Hello(h)),
         Header::Dir(d) if page.is_empty() => Ok(Frame::Dir(d)),
         Header::Ping if page.is_empty() => Ok(Frame::Ping),
+        Header::Bye if page.is_empty() => Ok(Frame::Bye),
         Header::Core(mut msg) => {
             match &mut msg {
                 Msg::Page { bytes, .. } | Msg::CheckedIn { bytes, .. } => {
@@ -379,6 +387,7 @@ impl Handshake {
             Frame::Core(m) => Err(WireError::NotHello(m.kind())),
             Frame::Dir(_) => Err(WireError::NotHello("directory")),
             Frame::Ping => Err(WireError::NotHello("ping")),
+            Frame::Bye => Err(WireError::NotHello("bye")),
         }
     }
 }
@@ -424,6 +433,18 @@ mod tests {
 
     fn reason(bytes: &[u8]) -> &'static str {
         read(bytes).expect_err("must be rejected").reason()
+    }
+
+    /// `Bye` (a clean close) travels as a frame of its own and is no
+    /// hello: a connection cannot open with it.
+    #[test]
+    fn bye_round_trips_and_is_not_a_hello() {
+        assert_eq!(read(&encode(Frame::Bye)).unwrap(), Frame::Bye);
+        let mut hs = Handshake::new(0xc1, 2);
+        let e = hs
+            .read_hello(&mut &encode(Frame::Bye)[..], &Limits::default())
+            .expect_err("bye is not a hello");
+        assert!(matches!(e, WireError::NotHello("bye")), "{e}");
     }
 
     #[test]

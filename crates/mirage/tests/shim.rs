@@ -78,17 +78,86 @@ impl Cluster {
         }
     }
 
-    /// Starts `prog args` on a site as `mmulab dsm run` does.
-    fn spawn(&self, site: &str, prog: &Path, args: &[&str]) -> Child {
+    /// Starts `prog args` on a site as `mmulab dsm run` does, the shim
+    /// on fault path `path` (reported on its stderr).
+    fn spawn(&self, site: &str, prog: &Path, args: &[&str], path: ShimPath) -> Child {
         let server = if site == "a" { &self.sa } else { &self.sb };
-        Command::new(prog)
-            .args(args)
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
             .env("LD_PRELOAD", &self.shim)
             .env(proto::SOCKET_ENV, server.as_ref().unwrap().path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            .stderr(Stdio::piped());
+        path.set(&mut cmd);
+        cmd.spawn().unwrap()
+    }
+
+    /// Faults the daemons read from programs' userfaultfds.
+    fn program_uffd_faults(&self) -> u64 {
+        [&self.a, &self.b]
+            .iter()
+            .map(|d| {
+                d.node()
+                    .counters()
+                    .program_uffd_faults
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum()
+    }
+}
+
+/// The fault path a program under the shim is started with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ShimPath {
+    /// `MMULAB_DSM_FAULT_PATH` unset: the best the kernel offers.
+    Best,
+    /// `MMULAB_DSM_FAULT_PATH=mprotect`.
+    Mprotect,
+    /// `MMULAB_DSM_FAULT_PATH=uffd-user` (`UFFD_USER_MODE_ONLY`, what an
+    /// unprivileged process gets with `vm.unprivileged_userfaultfd = 0`).
+    UffdUser,
+}
+
+impl ShimPath {
+    fn set(self, cmd: &mut Command) {
+        cmd.env(proto::VERBOSE_ENV, "1");
+        match self {
+            ShimPath::Best => cmd.env_remove(proto::FAULT_PATH_ENV),
+            ShimPath::Mprotect => cmd.env(proto::FAULT_PATH_ENV, "mprotect"),
+            ShimPath::UffdUser => cmd.env(proto::FAULT_PATH_ENV, "uffd-user"),
+        };
+    }
+
+    /// The path the shim must report: what this kernel offers this test
+    /// process (a child of it has the same credentials).
+    fn expected(self) -> &'static str {
+        use mmulab_mirage::runtime::fault::{
+            FaultPath, PATH_MPROTECT, PATH_UFFD, PATH_UFFD_USER, open_path,
+        };
+        let user = || open_path(FaultPath::UffdUserModeOnly).is_some();
+        match self {
+            ShimPath::Mprotect => PATH_MPROTECT,
+            ShimPath::UffdUser if user() => PATH_UFFD_USER,
+            ShimPath::UffdUser => PATH_MPROTECT,
+            ShimPath::Best if open_path(FaultPath::Uffd).is_some() => PATH_UFFD,
+            ShimPath::Best if user() => PATH_UFFD_USER,
+            ShimPath::Best => PATH_MPROTECT,
+        }
+    }
+
+    fn is_uffd(self) -> bool {
+        self.expected() != mmulab_mirage::runtime::fault::PATH_MPROTECT
+    }
+
+    /// Checks that a program reported exactly this path, once.
+    fn check(self, o: &Output) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains("fault path: ")).collect();
+        let want = format!("fault path: {}", self.expected());
+        assert!(
+            lines.len() == 1 && lines[0].ends_with(&want),
+            "want one `{want}` line; stderr: {err}"
+        );
     }
 }
 
@@ -132,21 +201,29 @@ fn text(o: &Output) -> String {
 /// fleisch89 Fig. 4 in C, unmodified System V calls, two processes on two
 /// sites: every pair is seen whole on both sides (no stale read), and
 /// both finish.
-#[test]
-fn fig4_ping_pong_in_c_runs_on_two_sites_through_the_shim() {
-    let dir = tmp("fig4");
+fn fig4_ping_pong(path: ShimPath) {
+    let dir = tmp(&format!("fig4-{path:?}"));
     let source = std::fs::read_to_string(repo().join("examples/c/pingpong.c")).unwrap();
     let Some(prog) = cc(&dir, "pingpong", &source, &[]) else {
         return;
     };
     let cluster = Cluster::start(&dir);
     let deadline = Instant::now() + Duration::from_secs(60);
-    let p1 = cluster.spawn("a", &prog, &["1", "150"]);
-    let p2 = cluster.spawn("b", &prog, &["2", "150"]);
+    let p1 = cluster.spawn("a", &prog, &["1", "150"], path);
+    let p2 = cluster.spawn("b", &prog, &["2", "150"], path);
     let o1 = finish(p1, deadline, "site 1's program");
     let o2 = finish(p2, deadline, "site 2's program");
     assert!(o1.status.success(), "{}", text(&o1));
     assert!(o2.status.success(), "{}", text(&o2));
+    path.check(&o1);
+    path.check(&o2);
+    // The faults came through the path reported.
+    let through_uffd = cluster.program_uffd_faults();
+    if path.is_uffd() {
+        assert!(through_uffd > 100, "{through_uffd} faults via userfaultfd");
+    } else {
+        assert_eq!(through_uffd, 0);
+    }
     let out1 = String::from_utf8_lossy(&o1.stdout);
     assert!(
         out1.contains("150 cycles") && out1.contains("0 bad pairs"),
@@ -177,6 +254,20 @@ fn fig4_ping_pong_in_c_runs_on_two_sites_through_the_shim() {
             > 100
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// fleisch89 Fig. 4 with the programs' faults caught by their own
+/// userfaultfd, served by the daemons (when the kernel offers it; the
+/// path reported is checked either way).
+#[test]
+fn fig4_ping_pong_in_c_through_the_shim_on_the_best_path() {
+    fig4_ping_pong(ShimPath::Best);
+}
+
+/// The same on the mprotect + SIGSEGV fallback.
+#[test]
+fn fig4_ping_pong_in_c_through_the_shim_on_the_mprotect_path() {
+    fig4_ping_pong(ShimPath::Mprotect);
 }
 
 const SEMANTICS_C: &str = r#"
@@ -253,9 +344,8 @@ fn shim_dir(c: &Cluster) -> String {
 /// attaches sharing one copy, IPC_STAT's nattch/size/mode/key, IPC_SET,
 /// EACCES, SHM_RDONLY, a given address, IPC_RMID, EIDRM after the last
 /// detach, IPC_PRIVATE.
-#[test]
-fn system_v_semantics_from_c_through_the_shim() {
-    let dir = tmp("semantics");
+fn system_v_semantics(path: ShimPath) {
+    let dir = tmp(&format!("semantics-{path:?}"));
     let (cluster, prog);
     {
         let c = Cluster::start(&dir);
@@ -275,15 +365,18 @@ fn system_v_semantics_from_c_through_the_shim() {
         (cluster, prog) = (c, p);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    let o = finish(cluster.spawn("b", &prog, &[]), deadline, "semantics");
+    let o = finish(cluster.spawn("b", &prog, &[], path), deadline, "semantics");
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("semantics ok"));
+    path.check(&o);
+    assert_eq!(cluster.program_uffd_faults() > 0, path.is_uffd());
     // A write through SHM_RDONLY is a plain segmentation fault.
     let o = finish(
-        cluster.spawn("a", &prog, &["rdonly-write"]),
+        cluster.spawn("a", &prog, &["rdonly-write"], path),
         deadline,
         "rdonly-write",
     );
+    path.check(&o);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(o.status.signal(), Some(11), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -291,6 +384,82 @@ fn system_v_semantics_from_c_through_the_shim() {
     // The killed program's attach was detached by its daemon.
     let status = cluster.a.status_text();
     assert!(status.contains("nattch 0"), "{status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn system_v_semantics_from_c_through_the_shim_on_the_best_path() {
+    system_v_semantics(ShimPath::Best);
+}
+
+#[test]
+fn system_v_semantics_from_c_through_the_shim_on_the_mprotect_path() {
+    system_v_semantics(ShimPath::Mprotect);
+}
+
+const SYSCALL_C: &str = r#"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/shm.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int id = shmget(argc > 1 ? atoi(argv[1]) : 0x6161, 4096, IPC_CREAT | IPC_EXCL | 0600);
+    char *p = shmat(id, NULL, 0);
+    if (id < 0 || p == (void *)-1) { perror("shm"); return 1; }
+    int fds[2];
+    if (pipe(fds) != 0 || write(fds[1], "1234567812345678", 16) != 16) return 1;
+    /* The page is held nowhere here yet: the kernel's own access. */
+    ssize_t n = read(fds[0], p, 8);
+    printf("read %zd %s\n", n, n < 0 && errno == EFAULT ? "EFAULT" : "");
+    if (n < 0) {
+        p[0] = 0; /* a user access faults the page in */
+        n = read(fds[0], p, 8);
+        printf("again %zd\n", n);
+    }
+    printf("value %.8s\n", p);
+    return 0;
+}
+"#;
+
+/// A limit, per path, from C: a system call (`read(fd, shm, n)`) into a
+/// page not held here gets EFAULT on the mprotect path (the kernel raises
+/// no SIGSEGV for its own access) and under `UFFD_USER_MODE_ONLY` (kernel
+/// faults are not delivered); touching the page first makes it work. With
+/// a full userfaultfd the kernel's access is a fault the daemon serves.
+#[test]
+fn a_syscall_into_a_page_not_held_per_shim_path() {
+    let dir = tmp("syscall");
+    let Some(prog) = cc(&dir, "syscall", SYSCALL_C, &[]) else {
+        return;
+    };
+    let cluster = Cluster::start(&dir);
+    for (key, path) in [
+        ("7001", ShimPath::Mprotect),
+        ("7002", ShimPath::UffdUser),
+        ("7003", ShimPath::Best),
+    ] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let o = finish(cluster.spawn("a", &prog, &[key], path), deadline, "syscall");
+        assert!(o.status.success(), "{}", text(&o));
+        path.check(&o);
+        let out = String::from_utf8_lossy(&o.stdout);
+        use mmulab_mirage::runtime::fault::PATH_UFFD;
+        if path.expected() == PATH_UFFD {
+            assert!(out.contains("read 8 \n"), "{path:?}: {out}");
+        } else {
+            assert!(
+                out.contains("read -1 EFAULT") && out.contains("again 8"),
+                "{path:?}: {out}"
+            );
+        }
+        assert!(out.contains("value 12345678"), "{path:?}: {out}");
+        eprintln!(
+            "{path:?} ({}): {}",
+            path.expected(),
+            out.replace('\n', "; ")
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -346,7 +515,11 @@ int main(void) {
     );
     let cluster = Cluster::start(&dir);
     let deadline = Instant::now() + Duration::from_secs(30);
-    let o = finish(cluster.spawn("a", &out, &[]), deadline, "static program");
+    let o = finish(
+        cluster.spawn("a", &out, &[], ShimPath::Best),
+        deadline,
+        "static program",
+    );
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("kernel shmid"));
     // The daemon never heard of it.
@@ -703,11 +876,21 @@ fn a_site_restarted_under_its_name_rejoins() {
 /// fork (a limit of the issue): the child's mappings are re-armed before
 /// fork returns, so when another site takes the page the child faults and
 /// reads the new version. The negative control (re-arming switched off)
-/// reads an old copy or zeros, and is caught.
+/// reads an old copy or zeros, and is caught. Both fault paths: on the
+/// userfaultfd path the child's inherited mappings lose their
+/// registration in the fork (an unregistered shared mapping would
+/// zero-fill a missing page), and the child registers them with its own
+/// userfaultfd before fork returns.
 #[test]
 fn a_forked_child_is_re_armed_before_fork_returns() {
-    for rearm in [true, false] {
-        let Some(mut d) = Deaths::start(if rearm { "fork" } else { "fork-off" }) else {
+    for (path, rearm) in [
+        (ShimPath::Best, true),
+        (ShimPath::Best, false),
+        (ShimPath::Mprotect, true),
+        (ShimPath::Mprotect, false),
+    ] {
+        let name = format!("fork-{path:?}-{}", if rearm { "on" } else { "off" });
+        let Some(mut d) = Deaths::start(&name) else {
             return;
         };
         let tool = d.tool.clone();
@@ -719,6 +902,7 @@ fn a_forked_child_is_re_armed_before_fork_returns() {
         .env(proto::SOCKET_ENV, d.dir.join("a.sock"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        path.set(&mut cmd);
         if !rearm {
             cmd.env("MMULAB_DSM_NO_FORK_REARM", "1");
         }
@@ -739,12 +923,20 @@ fn a_forked_child_is_re_armed_before_fork_returns() {
         assert!(o.status.success(), "{}", text(&o));
         let o = finish(d.take(a1), Instant::now() + Duration::from_secs(20), "a1");
         let read = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("fault path: {}", path.expected())),
+            "{err}"
+        );
         if rearm {
             assert!(o.status.success(), "{}", text(&o));
-            assert_eq!(read, "r 0 2", "the child read a stale copy");
+            assert_eq!(read, "r 0 2", "{path:?}: the child read a stale copy");
         } else {
-            assert_ne!(read, "r 0 2", "the negative control was not caught");
-            eprintln!("negative control (no re-arm) read: {read:?}");
+            assert_ne!(
+                read, "r 0 2",
+                "{path:?}: the negative control was not caught"
+            );
+            eprintln!("{path:?}: negative control (no re-arm) read: {read:?}");
         }
     }
 }

@@ -192,6 +192,14 @@ pub fn run_program(
             path.display()
         ));
     }
+    // The shim chooses the same way at the program's start-up (same
+    // kernel, credentials and `MMULAB_DSM_FAULT_PATH`); with
+    // `MMULAB_DSM_VERBOSE` set it prints its own choice too.
+    let path = super::fault::probe().path;
+    log(&format!(
+        "mmulab dsm run: site {}; fault path: {path}",
+        cluster.name(me)
+    ));
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),

@@ -2,10 +2,14 @@
 //!
 //! Two paths. **userfaultfd** (`super::uffd`), missing + write-protect
 //! modes, when the kernel offers it ([`open_path`]; full, else
-//! `UFFD_USER_MODE_ONLY`), for the daemon's own mappings (the Rust API);
-//! and the fallback, **mprotect + SIGSEGV**, below, which programs under
-//! the shim always use (their service thread sets protections for the
-//! daemon). [`probe`] reports what the kernel offers and the path in use.
+//! `UFFD_USER_MODE_ONLY`), and the fallback, **mprotect + SIGSEGV**,
+//! below. [`probe`] reports what the kernel offers and the path in use.
+//! This covers the daemon's own mappings (the Rust API). Programs under
+//! the shim choose the same way in their own process (same kernel,
+//! credentials and `MMULAB_DSM_FAULT_PATH`): on the userfaultfd path they
+//! pass their own userfaultfd to the daemon, which serves it
+//! (`node::remote_uffd_reader`); on the mprotect path their service
+//! thread sets protections for the daemon (see `crates/mirage-shim`).
 //!
 //! The fault type is read from the signal context (fleisch89 §6.2 needs
 //! typed faults): on x86-64 bit 1 of the page-fault error code

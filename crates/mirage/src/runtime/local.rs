@@ -21,8 +21,8 @@ use nix::libc;
 use proto::{LocalMsg, MAX_MESSAGE_BYTES, MSG_BYTES, kind};
 use rustix::fd::{BorrowedFd, OwnedFd};
 use rustix::net::{
-    AddressFamily, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix,
-    SocketType,
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketType,
 };
 use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
@@ -52,6 +52,9 @@ pub struct Client {
     pub(crate) processes: Mutex<BTreeSet<u32>>,
     ack_timeout: Duration,
     site: String,
+    /// The program's userfaultfd (the first one it passed), when it
+    /// catches faults that way; a thread of the daemon serves it.
+    pub(crate) uffd: Mutex<Option<Arc<super::uffd::Uffd>>>,
 }
 
 #[derive(Default)]
@@ -65,7 +68,7 @@ impl Client {
         format!("program pid {}", self.pid)
     }
 
-    fn gone(&self) -> bool {
+    pub(crate) fn gone(&self) -> bool {
         self.acks.lock().expect("acks").gone
     }
 
@@ -140,7 +143,7 @@ impl Client {
         }
     }
 
-    fn kill(&self, why: &str) {
+    pub(crate) fn kill(&self, why: &str) {
         if self.gone() {
             return;
         }
@@ -154,6 +157,16 @@ impl Client {
             unsafe { libc::kill(self.pid, libc::SIGKILL) };
         }
         let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
+    }
+
+    /// The userfaultfd path: the page at `page_addr` (in the program)
+    /// cannot be served; the program's service thread makes the faulter's
+    /// retry a SIGBUS there and wakes it. `false` if the program is gone.
+    pub fn lost(&self, page_addr: usize, reason: &str) -> bool {
+        let mut m = LocalMsg::new(kind::LOST);
+        m.a = page_addr as u64;
+        m.set_text(reason);
+        self.send(&m)
     }
 
     /// Releases a faulter sleeping in the program's signal handler.
@@ -250,6 +263,7 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>) {
             processes: Mutex::new(BTreeSet::new()),
             ack_timeout: options.program_ack_timeout,
             site: dsm.node().config().name(dsm.node().site()).to_string(),
+            uffd: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel();
         let c = client.clone();
@@ -266,16 +280,33 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// The reader: acknowledgements at once, everything else to the worker.
-fn read_program(c: Arc<Client>, tx: mpsc::Sender<LocalMsg>) {
+/// The reader: acknowledgements at once, everything else (with a file
+/// descriptor that came along: a `REGISTER`'s userfaultfd) to the worker.
+fn read_program(c: Arc<Client>, tx: mpsc::Sender<(LocalMsg, Option<OwnedFd>)>) {
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     loop {
-        let n = match rustix::net::recv(&c.sock, &mut buf, RecvFlags::empty()) {
-            Ok((n, _)) if n > 0 => n,
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = match rustix::net::recvmsg(
+            &c.sock,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) if r.bytes > 0 => r.bytes,
             Err(rustix::io::Errno::INTR) => continue,
             Err(rustix::io::Errno::AGAIN) => continue,
             _ => break,
         };
+        let mut fd = None;
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for f in fds {
+                    // The first one; any other is closed.
+                    fd.get_or_insert(f);
+                }
+            }
+        }
         let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
             continue;
         };
@@ -283,7 +314,7 @@ fn read_program(c: Arc<Client>, tx: mpsc::Sender<LocalMsg>) {
             let mut st = c.acks.lock().expect("acks");
             st.acked = st.acked.max(m.id);
             c.cv.notify_all();
-        } else if tx.send(m).is_err() {
+        } else if tx.send((m, fd)).is_err() {
             break;
         }
     }
@@ -304,8 +335,8 @@ fn reply(c: &Client, req: &LocalMsg, result: Result<[u64; 4], ShmError>) {
 }
 
 /// The worker: one program's requests and faults, in order.
-fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<LocalMsg>) {
-    for m in rx {
+fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<(LocalMsg, Option<OwnedFd>)>) {
+    for (m, fd) in rx {
         match m.kind {
             kind::FAULT => dsm.node().remote_fault(&c, &m),
             kind::GET => {
@@ -314,7 +345,10 @@ fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<LocalMsg>) {
             }
             kind::ATTACH => {
                 // On success the core already sent ATTACH_OK with the memfd.
-                if let Err(e) = dsm.shmat_remote(m.a as u32 as i32, m.b as i32, c.clone(), m.id) {
+                let uffd = m.c == proto::mode::UFFD;
+                if let Err(e) =
+                    dsm.shmat_remote(m.a as u32 as i32, m.b as i32, uffd, c.clone(), m.id)
+                {
                     reply(&c, &m, Err(e));
                 }
             }
@@ -322,9 +356,14 @@ fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<LocalMsg>) {
                 // fork: the child's copy of a mapping, attached before
                 // fork returns; ATTACH_OK comes from the core.
                 let readonly = m.b as i32 & super::shm::SHM_RDONLY != 0;
-                if let Err(e) = dsm.clone_remote(m.a as u32, readonly, c.clone(), m.id) {
+                let uffd = m.c == proto::mode::UFFD;
+                if let Err(e) = dsm.clone_remote(m.a as u32, readonly, uffd, c.clone(), m.id) {
                     reply(&c, &m, Err(e));
                 }
+            }
+            kind::REGISTER => {
+                let r = dsm.node().register_remote(&c, &m, fd);
+                reply(&c, &m, r.map(|_| [0; 4]));
             }
             kind::DETACH => {
                 let r = dsm.shmdt_process(m.a as u32);

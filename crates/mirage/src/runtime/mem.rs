@@ -3,11 +3,15 @@
 //! mapping, which is always read-write and never handed to a program, so
 //! no thread that serves faults ever touches a mapping that can fault.
 //! Programs see attach mappings whose per-page protection mirrors what the
-//! core says this site holds.
+//! core says this site holds: set by the daemon itself through the
+//! program's userfaultfd (write protection; a page held nowhere here is a
+//! hole in the memfd, which takes it from every mapping at once), or by
+//! the program's service thread on the mprotect path ([`RemoteFaults`]).
 
 use super::local::{Client, proto};
 use super::uffd::{self, Uffd};
 use crate::core::{Held, PageNo};
+use nix::libc;
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 use std::ffi::c_void;
@@ -42,7 +46,40 @@ enum Mapping {
         client: Arc<Client>,
         process: u32,
         readonly: bool,
+        faults: RemoteFaults,
     },
+}
+
+/// How a program's mapping catches faults (`local_proto::mode`).
+pub enum RemoteFaults {
+    /// mprotect + SIGSEGV: its service thread sets protections
+    /// (`PROTECT`, acknowledged when a right is reduced).
+    Mprotect,
+    /// userfaultfd, not registered yet: the program write-protects the
+    /// whole mapping before it touches it (a fork's child: before fork
+    /// returns), so until its `REGISTER` it has no more than read rights
+    /// on present pages; a page taken away is a hole (punched).
+    UffdPending,
+    /// userfaultfd, registered at `base` in the program: the daemon sets
+    /// write protection through the program's fd itself (synchronous, no
+    /// acknowledgement), a hole takes a page away, and the daemon's
+    /// thread reads the faults.
+    Uffd { uffd: Arc<Uffd>, base: usize },
+}
+
+/// Write protection on a program's mapping through its userfaultfd. The
+/// program being gone (ESRCH) or the range unmapped by its `shmdt`
+/// (ENOENT) leaves no right to take; any other failure kills it, as a
+/// program that does not acknowledge a `PROTECT` is killed (coherence
+/// before availability).
+fn remote_write_protect(client: &Client, uffd: &Uffd, addr: usize, len: usize, on: bool) {
+    match uffd.write_protect(addr, len, on) {
+        Ok(()) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => {}
+        Err(e) => client.kill(&format!(
+            "write protection through its userfaultfd failed: {e}"
+        )),
+    }
 }
 
 fn mprotect_flags(held: Held, readonly: bool) -> MprotectFlags {
@@ -190,14 +227,134 @@ impl SegmentMemory {
     }
 
     /// Adds a program's mapping (the shim's). The caller sends the attach
-    /// answer with [`SegmentMemory::memfd`], then
+    /// answer with [`SegmentMemory::memfd`], then (mprotect path)
     /// [`SegmentMemory::send_protections`], on the program's socket.
-    pub fn attach_remote(&mut self, client: Arc<Client>, process: u32, readonly: bool) {
+    pub fn attach_remote(
+        &mut self,
+        client: Arc<Client>,
+        process: u32,
+        readonly: bool,
+        faults: RemoteFaults,
+    ) -> io::Result<()> {
+        if !matches!(faults, RemoteFaults::Mprotect) && !self.holes() {
+            // From now on a page held nowhere here is a hole (a missing
+            // fault for a userfaultfd mapping): punch those not yet.
+            for p in 0..self.pages {
+                if self.prot[p].get() == Held::Nothing {
+                    uffd::punch(self.fd.as_fd(), p * self.page_bytes, self.page_bytes)?;
+                }
+            }
+        }
         self.attaches.push(Mapping::Remote {
             client,
             process,
             readonly,
+            faults,
         });
+        Ok(())
+    }
+
+    /// Whether a page held nowhere here must be a hole in the memfd: some
+    /// mapping catches faults through userfaultfd.
+    fn holes(&self) -> bool {
+        self.uffd.is_some()
+            || self.attaches.iter().any(|m| {
+                matches!(
+                    m,
+                    Mapping::Remote {
+                        faults: RemoteFaults::UffdPending | RemoteFaults::Uffd { .. },
+                        ..
+                    }
+                )
+            })
+    }
+
+    /// A program's `REGISTER` of a pending userfaultfd mapping: `Some`:
+    /// registered at `base`, served through `uffd` from now on (the
+    /// daemon write-protects it whole again, then lifts the protection of
+    /// the pages held for writing); `None`: the program fell back to
+    /// mprotect (the mapping is inaccessible; the present protections are
+    /// sent). `false` if `process` has no pending mapping here.
+    pub fn register_remote(&mut self, process: u32, uffd: Option<(Arc<Uffd>, usize)>) -> bool {
+        let len = self.len();
+        let (ps, pages) = (self.page_bytes, self.pages);
+        let prot: Vec<Held> = self.prot.iter().map(|c| c.get()).collect();
+        let Some(Mapping::Remote {
+            client,
+            readonly,
+            faults,
+            ..
+        }) = self.attaches.iter_mut().find(|m| {
+            matches!(m, Mapping::Remote { process: p, faults: RemoteFaults::UffdPending, .. } if *p == process)
+        })
+        else {
+            return false;
+        };
+        let readonly = *readonly;
+        let client = client.clone();
+        match uffd {
+            Some((u, base)) => {
+                if !readonly {
+                    remote_write_protect(&client, &u, base, len, true);
+                    for (p, held) in prot.iter().enumerate().take(pages) {
+                        if *held == Held::Write {
+                            remote_write_protect(&client, &u, base + p * ps, ps, false);
+                        }
+                    }
+                }
+                *faults = RemoteFaults::Uffd { uffd: u, base };
+            }
+            None => {
+                *faults = RemoteFaults::Mprotect;
+                self.send_protections(&client, process, readonly);
+            }
+        }
+        true
+    }
+
+    /// The page of program attach `process` (registered with userfaultfd)
+    /// containing `addr`.
+    pub fn remote_uffd_page(&self, process: u32, addr: usize) -> Option<PageNo> {
+        self.attaches.iter().find_map(|m| match m {
+            Mapping::Remote {
+                process: p,
+                faults: RemoteFaults::Uffd { base, .. },
+                ..
+            } if *p == process && addr >= *base && addr < base + self.len() => {
+                Some(PageNo(((addr - base) / self.page_bytes) as u32))
+            }
+            _ => None,
+        })
+    }
+
+    /// Whether this site's mappings already allow the access (a fault
+    /// that raced a grant).
+    pub fn allows(&self, page: PageNo, write: bool) -> bool {
+        match self.prot[page.0 as usize].get() {
+            Held::Nothing => false,
+            Held::Read => !write,
+            Held::Write => true,
+        }
+    }
+
+    /// Sets one program mapping's write protection of `page` to what the
+    /// site holds (before waking a fault that raced a grant).
+    pub fn refresh_remote(&self, process: u32, page: PageNo) {
+        let held = self.prot[page.0 as usize].get();
+        for m in &self.attaches {
+            if let Mapping::Remote {
+                client,
+                process: p,
+                readonly: false,
+                faults: RemoteFaults::Uffd { uffd, base },
+            } = m
+                && *p == process
+                && held != Held::Nothing
+            {
+                let addr = base + page.0 as usize * self.page_bytes;
+                remote_write_protect(client, uffd, addr, self.page_bytes, held == Held::Read);
+            }
+        }
     }
 
     /// Tells a new program mapping what every page allows now (runs of
@@ -284,8 +441,34 @@ impl SegmentMemory {
                 }
                 Mapping::Remote {
                     client,
+                    readonly,
+                    faults: RemoteFaults::Uffd { uffd, base },
+                    ..
+                } => {
+                    // Nothing: the hole punched below.
+                    if held != Held::Nothing && !*readonly {
+                        let addr = base + page.0 as usize * self.page_bytes;
+                        remote_write_protect(
+                            client,
+                            uffd,
+                            addr,
+                            self.page_bytes,
+                            held == Held::Read,
+                        );
+                    }
+                }
+                Mapping::Remote {
+                    faults: RemoteFaults::UffdPending,
+                    ..
+                } => {
+                    // Write-protected whole by the program until it
+                    // registers; Nothing: the hole punched below.
+                }
+                Mapping::Remote {
+                    client,
                     process,
                     readonly,
+                    faults: RemoteFaults::Mprotect,
                 } => {
                     let seq = client.protect(
                         *process,
@@ -305,7 +488,7 @@ impl SegmentMemory {
         for (client, seq) in acks {
             client.wait_ack(seq);
         }
-        if held == Held::Nothing && self.uffd.is_some() {
+        if held == Held::Nothing && self.holes() {
             // After every program acknowledged: the bytes go, so the next
             // local access is a missing fault.
             uffd::punch(
@@ -321,15 +504,27 @@ impl SegmentMemory {
     /// write-protect it in every local mapping, so that no thread can
     /// write it between the copy and the grant.
     pub fn prepare_install(&self, page: PageNo) {
-        let Some(u) = &self.uffd else { return };
         for m in &self.attaches {
-            if let Mapping::Local {
-                base,
-                readonly: false,
-            } = m
-            {
-                let addr = base + page.0 as usize * self.page_bytes;
-                let _ = u.write_protect(addr, self.page_bytes, true);
+            match m {
+                Mapping::Local {
+                    base,
+                    readonly: false,
+                } => {
+                    if let Some(u) = &self.uffd {
+                        let addr = base + page.0 as usize * self.page_bytes;
+                        let _ = u.write_protect(addr, self.page_bytes, true);
+                    }
+                }
+                Mapping::Remote {
+                    client,
+                    readonly: false,
+                    faults: RemoteFaults::Uffd { uffd, base },
+                    ..
+                } => {
+                    let addr = base + page.0 as usize * self.page_bytes;
+                    remote_write_protect(client, uffd, addr, self.page_bytes, true);
+                }
+                _ => {}
             }
         }
     }

@@ -34,7 +34,7 @@
 use super::config::ClusterConfig;
 use super::fault::{self, FaultRecord, RECORD_BYTES};
 use super::local::{Client, proto};
-use super::mem::SegmentMemory;
+use super::mem::{RemoteFaults, SegmentMemory};
 use super::shm::ShmError;
 use crate::core::{
     Access, Action, CoreConfig, Event, Geometry, Held, Msg, Nanos, PageNo, ProcessId, SegmentId,
@@ -132,6 +132,9 @@ pub enum TraceEntry {
 #[derive(Debug, Default)]
 pub struct Counters {
     pub faults: AtomicU64,
+    /// Of `faults`, those read from programs' userfaultfds (the shim's
+    /// userfaultfd path).
+    pub program_uffd_faults: AtomicU64,
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
     /// Time stamps ([`stamp`]) of the latest remote fault's steps, for
@@ -238,9 +241,12 @@ pub(crate) enum AttachTarget {
     Local { addr: Option<usize>, readonly: bool },
     /// In a program's process (the shim): the core sends `ATTACH_OK`
     /// with the memfd, answering request `req`, and the program maps it.
+    /// `uffd`: the program catches faults through its own userfaultfd
+    /// and completes the attach with `REGISTER`.
     Remote {
         client: Arc<Client>,
         readonly: bool,
+        uffd: bool,
         req: u64,
     },
 }
@@ -263,6 +269,10 @@ enum Waiter {
     Remote(Arc<Client>, u64),
     /// In this process, asleep in the kernel on a userfaultfd page.
     Uffd(Arc<super::uffd::Uffd>, usize),
+    /// In a program, asleep in the kernel on a page of its attach
+    /// `process`, registered with its userfaultfd (`uffd`, passed to the
+    /// daemon): (client, uffd, page address in the program).
+    RemoteUffd(Arc<Client>, Arc<super::uffd::Uffd>, usize),
     /// A checked access of the Rust API: it asks again when released.
     Api(Sender<()>),
 }
@@ -285,6 +295,14 @@ impl Waiter {
                     super::uffd::poison(page_addr, ps);
                 }
                 u.wake(page_addr, ps);
+            }
+            Waiter::RemoteUffd(c, u, page_addr) => {
+                // A failure: the program's service thread maps an empty
+                // memfd over the page (in its own address space) and
+                // wakes the faulter, whose retry takes a SIGBUS there.
+                if value == fault::WAKE_RETRY || !c.lost(page_addr, reason) {
+                    u.wake(page_addr, super::page_size());
+                }
             }
             Waiter::Api(tx) => {
                 let _ = tx.send(());
@@ -535,6 +553,43 @@ impl Node {
         }
     }
 
+    /// A program's `REGISTER` (the userfaultfd path): with `fd` (its
+    /// userfaultfd, the first time), the daemon keeps it and starts the
+    /// thread that serves its faults.
+    pub(crate) fn register_remote(
+        &self,
+        client: &Arc<Client>,
+        m: &proto::LocalMsg,
+        fd: Option<OwnedFd>,
+    ) -> Result<(), ShmError> {
+        let (process, base) = (m.a as u32, m.b as usize);
+        let uffd = if m.c == proto::mode::UFFD {
+            let mut slot = client.uffd.lock().expect("uffd");
+            if slot.is_none()
+                && let Some(fd) = fd
+            {
+                let u = Arc::new(super::uffd::Uffd::from_fd(fd));
+                let (s, c, u2) = (self.shared.clone(), client.clone(), u.clone());
+                std::thread::Builder::new()
+                    .name(format!("dsm-uffd-pid-{}", client.pid))
+                    .spawn(move || remote_uffd_reader(s, c, u2))
+                    .map_err(|e| ShmError::Os(format!("a fault thread: {e}")))?;
+                *slot = Some(u);
+            }
+            let u = slot
+                .clone()
+                .ok_or_else(|| ShmError::Os("REGISTER without the program's userfaultfd".into()))?;
+            Some((u, base))
+        } else {
+            None
+        };
+        let mut done = false;
+        self.shared.with_core(|core| {
+            done = core.register_remote(client, process, uffd);
+        });
+        if done { Ok(()) } else { Err(ShmError::Invalid) }
+    }
+
     /// Sites and segments, as `mmulab dsm status` prints them.
     pub fn status_text(&self) -> String {
         self.call(|reply| Api::Status { reply })
@@ -651,6 +706,8 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                 Ok(Frame::Core(m)) => Err(WireError::NotHello(m.kind())),
                 Ok(Frame::Dir(_)) => Err(WireError::NotHello("directory")),
                 Ok(Frame::Ping) => Err(WireError::NotHello("ping")),
+                // A peer stopping before it said hello: nothing to log.
+                Ok(Frame::Bye) => return,
                 Err(e) => Err(e),
             }
         };
@@ -679,6 +736,8 @@ fn serve_peer(shared: Arc<Shared>, mut stream: TcpStream) {
                 break e.reason().to_string();
             }
             Ok(Frame::Ping) => shared.heard(site, None),
+            // A clean stop of the peer: its close is expected, no line.
+            Ok(Frame::Bye) => return,
             Ok(frame) => {
                 shared.heard(site, None);
                 shared
@@ -750,6 +809,37 @@ fn uffd_reader(shared: Arc<Shared>, uffd: Arc<super::uffd::Uffd>) {
         });
         if !served {
             super::uffd::poison(page_addr, ps);
+            uffd.wake(page_addr, ps);
+        }
+    }
+}
+
+/// The fault thread of one program's userfaultfd (the shim's, passed over
+/// the local socket): the kernel queues the program's faults on it, this
+/// thread hands them to the core. It never touches the program's memory.
+fn remote_uffd_reader(shared: Arc<Shared>, client: Arc<Client>, uffd: Arc<super::uffd::Uffd>) {
+    let ps = super::page_size();
+    while !shared.stopping.load(Ordering::SeqCst) && !client.gone() {
+        let (addr, write) = match uffd.next_fault(200) {
+            Ok(Some(f)) => f,
+            Ok(None) => continue,
+            Err(_) => break,
+        };
+        shared.counters.faults.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .program_uffd_faults
+            .fetch_add(1, Ordering::Relaxed);
+        let page_addr = addr & !(ps - 1);
+        let mut served = false;
+        shared.with_core(|c| {
+            served = true;
+            c.fault_remote_uffd(&client, &uffd, page_addr, write);
+        });
+        if !served {
+            // The daemon is stopping: the program's lost-page line and
+            // SIGBUS, as for a fault that cannot be served.
+            let _ = client.lost(page_addr, "the site daemon is stopping");
             uffd.wake(page_addr, ps);
         }
     }
@@ -1139,8 +1229,10 @@ impl CoreLoop {
                 fault::unregister(slot);
             }
         }
+        // A clean stop: each peer hears a goodbye before the close, so
+        // that it logs nothing about it (an unexpected close is logged).
         for q in self.out.iter().flatten() {
-            q.close();
+            q.goodbye();
         }
     }
 
@@ -1200,7 +1292,7 @@ impl CoreLoop {
                 }
             }
             Frame::Dir(d) => self.directory(from, d),
-            Frame::Hello(_) | Frame::Ping => {}
+            Frame::Hello(_) | Frame::Ping | Frame::Bye => {}
         }
     }
 
@@ -1574,6 +1666,69 @@ impl CoreLoop {
         st.request_sent.store(stamp(), Ordering::Relaxed);
     }
 
+    /// A userfaultfd event in a program (its attach mapping registered
+    /// with the fd it passed).
+    fn fault_remote_uffd(
+        &mut self,
+        client: &Arc<Client>,
+        uffd: &Arc<super::uffd::Uffd>,
+        page_addr: usize,
+        write: bool,
+    ) {
+        let ps = super::page_size();
+        let found = self.attaches.iter().find_map(|(&id, a)| {
+            let c = a.client.as_ref()?;
+            if !Arc::ptr_eq(c, client) {
+                return None;
+            }
+            let mem = self.segs.get(&a.segment)?;
+            Some((id, a.segment, mem.remote_uffd_page(id, page_addr)?))
+        });
+        let Some((id, segment, page)) = found else {
+            // Not (or no longer) a DSM mapping: let it retry.
+            uffd.wake(page_addr, ps);
+            return;
+        };
+        if let Some(mem) = self.segs.get(&segment)
+            && mem.allows(page, write)
+        {
+            // The fault raced a grant: make sure this mapping has it too.
+            mem.refresh_remote(id, page);
+            uffd.wake(page_addr, ps);
+            return;
+        }
+        let access = if write {
+            fault::ACCESS_WRITE
+        } else {
+            fault::ACCESS_READ
+        };
+        let st = &self.shared.counters.stamps;
+        st.fault_delivered.store(stamp(), Ordering::Relaxed);
+        let waiter = Waiter::RemoteUffd(client.clone(), uffd.clone(), page_addr);
+        self.fault_from(id, page.0, access, waiter);
+        let st = &self.shared.counters.stamps;
+        st.request_sent.store(stamp(), Ordering::Relaxed);
+    }
+
+    /// A program's `REGISTER` of its pending userfaultfd mapping
+    /// (`uffd` = None: it fell back to mprotect).
+    fn register_remote(
+        &mut self,
+        client: &Arc<Client>,
+        process: u32,
+        uffd: Option<(Arc<super::uffd::Uffd>, usize)>,
+    ) -> bool {
+        let Some(a) = self.attaches.get(&process) else {
+            return false;
+        };
+        if !a.client.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            return false;
+        }
+        self.segs
+            .get_mut(&a.segment)
+            .is_some_and(|mem| mem.register_remote(process, uffd))
+    }
+
     fn fault_inner(&mut self, rec: FaultRecord) {
         self.fault_from(rec.id, rec.page, rec.access, Waiter::Local(rec.word));
     }
@@ -1868,7 +2023,9 @@ impl CoreLoop {
             let mem = self.segs.get_mut(&segment).expect("just made");
             let addr = match &target {
                 AttachTarget::Local { addr, .. } => *addr,
-                AttachTarget::Remote { client, req, .. } => {
+                AttachTarget::Remote {
+                    client, req, uffd, ..
+                } => {
                     // The answer and the memfd first, then the present
                     // protections: the program's service thread maps the
                     // segment before it reads them.
@@ -1880,8 +2037,16 @@ impl CoreLoop {
                     if !client.send_fd(&m, mem.memfd()) {
                         return Err(ShmError::Os("the program's socket is closed".into()));
                     }
-                    mem.attach_remote(client.clone(), process, readonly);
-                    mem.send_protections(client, process, readonly);
+                    let faults = if *uffd {
+                        RemoteFaults::UffdPending
+                    } else {
+                        RemoteFaults::Mprotect
+                    };
+                    mem.attach_remote(client.clone(), process, readonly, faults)
+                        .map_err(|e| ShmError::Os(format!("punch: {e}")))?;
+                    if !*uffd {
+                        mem.send_protections(client, process, readonly);
+                    }
                     client.processes.lock().expect("processes").insert(process);
                     self.attaches.insert(
                         process,
@@ -2111,6 +2276,26 @@ impl Outbound {
             st.backlog.extend_from_slice(&bytes[done..]);
             self.queue.cv.notify_one();
         }
+    }
+
+    /// Sends `Bye`, lets the writer flush what is queued (bounded), then
+    /// closes.
+    fn goodbye(&self) {
+        self.send(wire::encode(Frame::Bye));
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            {
+                let st = self.queue.state.lock().expect("out");
+                if st.broken || (st.backlog.is_empty() && !st.busy) {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.close();
     }
 
     fn close(&self) {

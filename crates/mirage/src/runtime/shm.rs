@@ -239,6 +239,7 @@ impl Dsm {
         &self,
         shmid: i32,
         shmflg: i32,
+        uffd: bool,
         client: Arc<Client>,
         req: u64,
     ) -> Result<u32, ShmError> {
@@ -246,6 +247,7 @@ impl Dsm {
         let target = AttachTarget::Remote {
             client,
             readonly,
+            uffd,
             req,
         };
         Ok(self.attach(shmid, readonly, target)?.1)
@@ -258,6 +260,7 @@ impl Dsm {
         &self,
         process: u32,
         readonly: bool,
+        uffd: bool,
         client: Arc<Client>,
         req: u64,
     ) -> Result<u32, ShmError> {
@@ -272,6 +275,7 @@ impl Dsm {
         let target = AttachTarget::Remote {
             client,
             readonly,
+            uffd,
             req,
         };
         Ok(self.attach_checked(shmid, readonly, target, false)?.1)

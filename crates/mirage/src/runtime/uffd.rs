@@ -16,6 +16,12 @@
 //! cannot be served maps an empty memfd over the page before the wake, so
 //! that the retried access takes a genuine SIGBUS there.
 //!
+//! This file is also compiled into the shim (`libmmulab_shm.so`, through
+//! `#[path]`): a program under the shim opens its own userfaultfd (it is
+//! per address space), registers its attach mappings and passes the fd to
+//! its site daemon, whose thread serves the faults and sets write
+//! protection through it.
+//!
 //! `UFFD_USER_MODE_ONLY` is used when the kernel refuses a full
 //! userfaultfd (`vm.unprivileged_userfaultfd = 0` and no privilege): then
 //! a system call touching a missing page fails with EFAULT instead of
@@ -86,6 +92,22 @@ impl Uffd {
         })
     }
 
+    /// A userfaultfd another process opened and passed here (the shim's,
+    /// over the local socket): its ioctls act on that process's memory.
+    pub fn from_fd(fd: OwnedFd) -> Uffd {
+        Uffd {
+            fd,
+            user_mode_only: false,
+            features: 0,
+        }
+    }
+
+    /// The descriptor, to pass to the site daemon.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        use rustix::fd::AsFd;
+        self.fd.as_fd()
+    }
+
     pub fn raw(&self) -> i32 {
         self.fd.as_raw_fd()
     }
@@ -117,7 +139,18 @@ impl Uffd {
             },
             mode: if on { WRITEPROTECT_MODE_WP } else { 0 },
         };
-        ioctl(self.raw(), ioc::UFFDIO_WRITEPROTECT, &mut w)
+        // EAGAIN: the address space is changing under the call (bounded
+        // retries).
+        let mut tries = 0;
+        loop {
+            match ioctl(self.raw(), ioc::UFFDIO_WRITEPROTECT, &mut w) {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 1000 => {
+                    tries += 1;
+                    std::thread::yield_now();
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Wakes the threads waiting on a range.
