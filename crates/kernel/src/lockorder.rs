@@ -9,7 +9,7 @@
 //!
 //! | rank | class      | kind  | locks of the model                                  |
 //! |------|------------|-------|-----------------------------------------------------|
-//! | 1    | segment    | sleep | each process's map lock (faults and memory calls), the kernel map's lock |
+//! | 1    | segment    | sleep | each process's map lock (svr42: its segment r/w sleep lock, faults as readers), the kernel map's lock |
 //! | 2    | page_sleep | sleep | a physical page's reader/writer sleep lock (`sleeplock`) |
 //! | 3    | driver     | spin  | segmap's lock (a segment driver's own state)        |
 //! | 4    | hat        | spin  | one HAT spin lock per address space                 |
@@ -58,8 +58,15 @@
 //! entered holding the page spin lock, try-locks each HAT lock and backs
 //! off; see the svr42 protocol).
 //!
+//! A page's sleep lock taken as writer at the instant the page is
+//! created (`Sim::sleep_lock_new_page`: no one can hold or wait for it
+//! yet) is exempt in the same way, and counted the same way when out of
+//! order (a copy-on-write break holds the old page's sleep lock).
+//!
 //! Contention: an acquisition that found the lock held counts in
-//! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`.
+//! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`
+//! (a sleep lock: only an acquisition that had to wait; readers granted
+//! beside readers count in `sleeplock.shared_grants`).
 //! Locks no class was given for (other protocols' own locks) are neither
 //! checked nor counted.
 
