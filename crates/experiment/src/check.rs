@@ -112,6 +112,14 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
                 ),
             );
         }
+        // The switch "HAT lock per page table" (balan92 §Locking Design),
+        // drawn last so that the draws above are unchanged.
+        if r.chance(0.5) {
+            text = text.replace(
+                "[protocol_options]\n",
+                "[protocol_options]\nhat_lock_per_pt = true\n",
+            );
+        }
         if !text.contains("[kernel]\n") {
             text.push_str("[kernel]\n");
             text.push_str(&format!(

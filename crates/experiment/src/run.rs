@@ -67,6 +67,7 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
         mapping_chunks: o.mapping_chunks,
         shoot_lock_when_alone: o.shoot_lock_when_alone,
         fork_chunk_unlock: o.fork_chunk_unlock,
+        hat_lock_per_pt: o.hat_lock_per_pt,
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

@@ -193,6 +193,10 @@ pub struct ProtocolOptionsSpec {
     /// svr42: fork drops the HAT lock after each mapping chunk (balan92
     /// §Analysis, "being considered"); default false.
     pub fork_chunk_unlock: bool,
+    /// svr42: one HAT lock per page table, the address space's lock kept
+    /// for its CPU set and level-1 directory (balan92 §Locking Design,
+    /// "considered"); default false.
+    pub hat_lock_per_pt: bool,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -207,6 +211,7 @@ impl Default for ProtocolOptionsSpec {
             mapping_chunks: d.mapping_chunks,
             shoot_lock_when_alone: d.shoot_lock_when_alone,
             fork_chunk_unlock: d.fork_chunk_unlock,
+            hat_lock_per_pt: d.hat_lock_per_pt,
         }
     }
 }

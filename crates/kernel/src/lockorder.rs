@@ -9,7 +9,7 @@
 //!
 //! | rank | class      | kind  | locks of the model                                  |
 //! |------|------------|-------|-----------------------------------------------------|
-//! | 1    | segment    | sleep | each process's map lock (faults and memory calls), the kernel map's lock |
+//! | 1    | segment    | sleep | each process's map lock (svr42: its segment r/w sleep lock, faults as readers), the kernel map's lock |
 //! | 2    | page_sleep | sleep | a physical page's reader/writer sleep lock (`sleeplock`) |
 //! | 3    | driver     | spin  | segmap's lock (a segment driver's own state)        |
 //! | 4    | hat        | spin  | one HAT spin lock per address space                 |
@@ -33,7 +33,19 @@
 //! described); acquiring two of the same rank is allowed only for the
 //! segment class (the pageout daemon, holding its own process's map lock,
 //! takes the map lock of each process it scans; no process ever takes the
-//! daemon's).
+//! daemon's) and for HAT locks of one address space in ascending key
+//! order (below).
+//!
+//! Two HAT locks. With the svr42 switch "HAT lock per page table"
+//! (§Locking Design: "Making the HAT lock finer grained by moving it to
+//! the page table level was considered"), an address space has one HAT
+//! spin lock per level-2 page table plus its own lock (`LockRef::Pmap`),
+//! which then guards the CPU set and the level-1 directory. Each carries a
+//! key (address space, index): a page table's index is its level-1 slot,
+//! the address space's own lock has index `u64::MAX`. Holding HAT locks
+//! of one address space, another may be taken only with a greater key:
+//! page tables in ascending order, the address space's lock last. HAT
+//! locks of two address spaces are never nested (except by try-locks).
 //!
 //! Try-locks. A try-lock that does not wait is exempt from the order: it
 //! either takes a free lock at once or fails and returns, so the acquirer
@@ -46,8 +58,15 @@
 //! entered holding the page spin lock, try-locks each HAT lock and backs
 //! off; see the svr42 protocol).
 //!
+//! A page's sleep lock taken as writer at the instant the page is
+//! created (`Sim::sleep_lock_new_page`: no one can hold or wait for it
+//! yet) is exempt in the same way, and counted the same way when out of
+//! order (a copy-on-write break holds the old page's sleep lock).
+//!
 //! Contention: an acquisition that found the lock held counts in
-//! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`.
+//! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`
+//! (a sleep lock: only an acquisition that had to wait; readers granted
+//! beside readers count in `sleeplock.shared_grants`).
 //! Locks no class was given for (other protocols' own locks) are neither
 //! checked nor counted.
 
@@ -108,6 +127,8 @@ pub struct LockOrder {
     /// Classes given to named locks (the segment class is found from the
     /// tasks and the kernel map).
     classes: BTreeMap<usize, LockClass>,
+    /// Same-class order keys of named HAT locks: (address space, index).
+    keys: BTreeMap<usize, (u32, u64)>,
     /// Named locks known to have no class.
     unclassed: std::collections::BTreeSet<usize>,
     /// Per CPU: the classed locks it holds, in acquisition order.
@@ -132,6 +153,19 @@ impl Sim {
         let mut w = self.w();
         w.lockorder.unclassed.remove(&lock);
         w.lockorder.classes.insert(lock, class);
+    }
+
+    /// Gives a named lock the HAT class and its same-class order key
+    /// (`pmap`, `index`); see the module documentation.
+    pub fn set_hat_lock_key(&self, lock: usize, pmap: PmapId, index: u64) {
+        assert!(
+            index < u64::MAX,
+            "index u64::MAX is the address space's own lock"
+        );
+        let mut w = self.w();
+        w.lockorder.unclassed.remove(&lock);
+        w.lockorder.classes.insert(lock, LockClass::Hat);
+        w.lockorder.keys.insert(lock, (pmap.0, index));
     }
 
     fn class_of(&self, l: LockRef) -> Option<LockClass> {
@@ -194,9 +228,23 @@ impl Sim {
         if lo.held.len() <= cpu.index() {
             lo.held.resize(cpu.index() + 1, Vec::new());
         }
+        let key = |r: LockRef| match r {
+            LockRef::Pmap(p) => Some((p.0, u64::MAX)),
+            LockRef::Named(i) => lo.keys.get(&i).copied(),
+            LockRef::Sleep(_) => None,
+        };
+        let new_key = key(l);
+        let same_class_ok = |h: LockRef| match class {
+            LockClass::Segment => true,
+            LockClass::Hat => match (key(h), new_key) {
+                (Some((ph, ih)), Some((pn, in_))) => ph == pn && ih < in_,
+                _ => false,
+            },
+            _ => false,
+        };
         let bad = lo.held[cpu.index()]
             .iter()
-            .find(|&&(_, c)| c > class || (c == class && class != LockClass::Segment))
+            .find(|&&(h, c)| c > class || (c == class && !same_class_ok(h)))
             .copied();
         if bad.is_some() && try_lock {
             w.counters.add("lockorder.trylock_out_of_order", 1);

@@ -335,17 +335,15 @@ impl Sim {
         };
         let mut cleared = 0;
         for task in tasks {
-            let (lock, pmap) = {
-                let w = self.w();
-                let t = &w.tasks[task.0 as usize];
-                (t.vm_lock, t.pmap)
-            };
-            if self.w().locks[lock] == Some(cpu) {
+            let pmap = self.task_pmap(task);
+            if self.holds_seg_lock(cpu, task) {
                 continue; // the daemon's own process
             }
-            self.lock(cpu, lock).await;
+            // The scanned process's segments must stay valid: its map
+            // lock (with the SVR4.2 locks, its segment lock as reader).
+            self.seg_lock(cpu, task, false).await;
             if !self.w().tasks[task.0 as usize].alive {
-                self.unlock(cpu, lock).await;
+                self.seg_unlock(cpu, task).await;
                 continue;
             }
             let ptes = self.task_ptes(task, pmap);
@@ -380,7 +378,7 @@ impl Sim {
                 self.count("pageout.global.hat_updates", 1);
                 cleared += 1;
             }
-            self.unlock(cpu, lock).await;
+            self.seg_unlock(cpu, task).await;
         }
         cleared
     }

@@ -747,6 +747,29 @@ impl Sim {
         self.delay(cpu, Cycles(c)).await;
     }
 
+    /// Tries a named spin lock once, without waiting: true when taken.
+    /// Exempt from the lock order like [`Sim::try_lock_pmap`]. Costs one
+    /// lock attempt either way.
+    pub async fn try_lock(&self, cpu: CpuId, lock: usize) -> bool {
+        let order = self.try_lock_enter(cpu, crate::lockorder::LockRef::Named(lock));
+        let taken = {
+            let mut w = self.w();
+            assert_ne!(w.locks[lock], Some(cpu), "{cpu} relocks lock {lock}");
+            if w.locks[lock].is_none() {
+                w.locks[lock] = Some(cpu);
+                true
+            } else {
+                false
+            }
+        };
+        if taken {
+            self.lock_acquired(cpu, crate::lockorder::LockRef::Named(lock), order);
+        }
+        let c = self.costs().lock_cycles;
+        self.delay(cpu, Cycles(c)).await;
+        taken
+    }
+
     pub async fn unlock(&self, cpu: CpuId, lock: usize) {
         {
             let mut w = self.w();

@@ -113,7 +113,11 @@ impl Sim {
                 if write {
                     l.writer = Some(cpu);
                 } else {
-                    l.readers.push(cpu);
+                    if !l.readers.is_empty() {
+                        // Granted beside other readers (counted).
+                        w.counters.add("sleeplock.shared_grants", 1);
+                    }
+                    w.sleep_locks[id].readers.push(cpu);
                 }
                 true
             } else {
@@ -157,7 +161,39 @@ impl Sim {
             }
             self.record("sleeplock.wait_cycles", (self.now() - since).0 as f64);
         }
+        // Contended means waited: a reader granted beside other readers
+        // found the lock held but did not wait for it.
+        let order = order.map(|(class, _, since)| (class, !granted, since));
         self.lock_acquired(cpu, LockRef::Sleep(id), order);
+    }
+
+    /// Takes the sleep lock of a page just created (not yet findable
+    /// before this instant) as writer, at once: it cannot be held or
+    /// waited on, so the acquisition never waits and, like a try-lock, is
+    /// exempt from the order (`lockorder`). The caller pays the guard's
+    /// cost after ([`Sim::sleep_lock_guard_cost`]). Returns the lock.
+    pub fn sleep_lock_new_page(&self, cpu: CpuId, pfn: mmulab_machine::Pfn) -> usize {
+        let (_, id) = self.page_locks(pfn.0);
+        let order = self.try_lock_enter(cpu, LockRef::Sleep(id));
+        {
+            let mut w = self.w();
+            let l = &mut w.sleep_locks[id];
+            assert!(
+                l.writer.is_none() && l.readers.is_empty() && l.waiters.is_empty(),
+                "the sleep lock of new frame {} is in use",
+                pfn.0
+            );
+            l.writer = Some(cpu);
+        }
+        self.lock_acquired(cpu, LockRef::Sleep(id), order);
+        id
+    }
+
+    /// One pass through a sleep lock's guard spin lock.
+    pub async fn sleep_lock_guard_cost(&self, cpu: CpuId) {
+        let costs = self.costs();
+        self.delay(cpu, Cycles(costs.lock_cycles + costs.unlock_cycles))
+            .await;
     }
 
     /// Releases sleep lock `id` and hands it to the head of its queue.

@@ -67,6 +67,20 @@ pub struct Task {
     /// on one task are serialised, so that two threads faulting on one page
     /// cannot both install it.
     pub vm_lock: usize,
+    /// With the SVR4.2 VM locks (`Protocol::svr4_vm_locks`): the segment
+    /// layer's reader/writer sleep lock (balan92 §Locking Design: "A
+    /// reader/writer lock per segment. This lock is acquired in writer
+    /// mode when changing the attributes of a segment ... and in reader
+    /// mode when the attributes of the segment are to remain valid for
+    /// the duration of operation"; "A per segment spin lock which guards
+    /// the sleep lock": the sleep lock's own guard, `sleeplock`). Faults
+    /// take it as reader, memory calls (mmap, munmap, mprotect, fork,
+    /// exit and the other system calls) as writer; it replaces
+    /// `vm_lock`, which stays unused. Model limit: one per address space,
+    /// not one per segment: faults are readers, so faults on different
+    /// segments never contend, as with the paper's; what differs is that
+    /// a memory call on one segment also holds off faults on the others.
+    pub seg_lock: Option<usize>,
 }
 
 /// Anonymous memory: resident pages by index, and the object it shadows
@@ -89,6 +103,10 @@ fn prot_rank(p: Prot) -> u8 {
 impl Sim {
     /// A new task with an empty address space.
     pub fn create_task(&self) -> TaskId {
+        let seg_lock = self
+            .protocol()
+            .svr4_vm_locks()
+            .then(|| self.new_sleep_lock(Some(crate::lockorder::LockClass::Segment)));
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
         let root = w
@@ -121,6 +139,7 @@ impl Sim {
             alive: true,
             next_vpn: USER_BASE_VPN,
             vm_lock,
+            seg_lock,
         });
         tid
     }
@@ -221,15 +240,50 @@ impl Sim {
     /// The page-fault handler: resolves the fault or marks the thread with
     /// an unrecoverable fault (SIGSEGV).
     pub(crate) async fn vm_fault(&self, cpu: CpuId, tid: ThreadId, va: u64, store: bool) {
-        let lock = self.vm_lock_of(tid);
-        self.lock(cpu, lock).await;
+        let task = self.w().threads[tid.0 as usize].task;
+        self.seg_lock(cpu, task, false).await;
         self.vm_fault_locked(cpu, tid, va, store).await;
-        self.unlock(cpu, lock).await;
+        self.seg_unlock(cpu, task).await;
     }
 
-    fn vm_lock_of(&self, tid: ThreadId) -> usize {
-        let w = self.w();
-        w.tasks[w.threads[tid.0 as usize].task.0 as usize].vm_lock
+    /// Takes a task's address-map lock: with the SVR4.2 VM locks its
+    /// segment sleep lock, as writer (`write`) or reader; else the
+    /// exclusive map lock, whatever `write` says.
+    pub(crate) async fn seg_lock(&self, cpu: CpuId, task: TaskId, write: bool) {
+        let (seg, lock) = {
+            let w = self.w();
+            let t = &w.tasks[task.0 as usize];
+            (t.seg_lock, t.vm_lock)
+        };
+        match seg {
+            Some(id) => self.sleep_lock(cpu, id, write).await,
+            None => self.lock(cpu, lock).await,
+        }
+    }
+
+    pub(crate) async fn seg_unlock(&self, cpu: CpuId, task: TaskId) {
+        let (seg, lock) = {
+            let w = self.w();
+            let t = &w.tasks[task.0 as usize];
+            (t.seg_lock, t.vm_lock)
+        };
+        match seg {
+            Some(id) => self.sleep_unlock(cpu, id).await,
+            None => self.unlock(cpu, lock).await,
+        }
+    }
+
+    /// True when `cpu` holds the task's address-map lock (either mode).
+    pub(crate) fn holds_seg_lock(&self, cpu: CpuId, task: TaskId) -> bool {
+        let (seg, lock) = {
+            let w = self.w();
+            let t = &w.tasks[task.0 as usize];
+            (t.seg_lock, t.vm_lock)
+        };
+        match seg {
+            Some(id) => self.holds_sleep_lock(cpu, id),
+            None => self.w().locks[lock] == Some(cpu),
+        }
     }
 
     async fn vm_fault_locked(&self, cpu: CpuId, tid: ThreadId, va: u64, store: bool) {
@@ -266,58 +320,121 @@ impl Sim {
             return;
         };
         let idx = region.offset + (vpn - region.start);
-        let (pfn, top) = match self.lookup_page(region.object, idx) {
-            Some(found) => found,
-            None => {
-                let pfn = self
-                    .w()
-                    .mem
-                    .alloc_data()
-                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                self.w().objects[region.object as usize]
-                    .pages
-                    .insert(idx, pfn);
-                self.count("vm.zero_fills", 1);
-                self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
-                (pfn, true)
-            }
-        };
-        let (pfn, top) = if store && !top {
-            // Copy-on-write: copy into the top object, then replace the
-            // read-only mapping of the old frame (a reduction: the frame
-            // changes), then enter the copy.
-            let new = {
-                let mut w = self.w();
-                let new = w
-                    .mem
-                    .alloc_data()
-                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
-                w.mem.copy_data(pfn, new);
-                w.objects[region.object as usize].pages.insert(idx, new);
-                new
+        // With the SVR4.2 VM locks, faults on one process run in parallel
+        // (readers of its segment lock): two may resolve the same page at
+        // once. Pages are then handled under their sleep locks (balan92
+        // §Locking Design: "acquired in reader mode to ensure that the page
+        // state, identity and data are valid and remain so and acquired in
+        // writer mode if modifying any of the above"):
+        // * a new page (zero fill, copy-on-write copy) is locked as writer
+        //   at the instant it enters the object, before anyone can find
+        //   it, and stays locked until it is filled and mapped;
+        // * a copy-on-write break takes the old page's lock as writer and
+        //   re-checks that the object still resolves to it;
+        // * a load takes the page's lock as reader and re-checks the same.
+        // A changed identity restarts the fault (`vm.fault_retries`).
+        let svr4 = self.protocol().svr4_vm_locks();
+        let writable_for = |top: bool| region.prot == Prot::ReadWrite && top;
+        loop {
+            let (pfn, top) = match self.lookup_page(region.object, idx) {
+                Some(found) => found,
+                None => {
+                    // Looked up, inserted and (SVR4.2) locked with no wait
+                    // between: two faulters cannot both fill the slot, and
+                    // no one maps the page before it is filled.
+                    let pfn = self
+                        .w()
+                        .mem
+                        .alloc_data()
+                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    self.w().objects[region.object as usize]
+                        .pages
+                        .insert(idx, pfn);
+                    let held = svr4.then(|| self.sleep_lock_new_page(cpu, pfn));
+                    self.count("vm.zero_fills", 1);
+                    self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
+                    if let Some(l) = held {
+                        self.sleep_lock_guard_cost(cpu).await;
+                        self.protocol()
+                            .enter(self, cpu, pmap, Vpn(vpn), pfn, writable_for(true))
+                            .await;
+                        self.sleep_unlock(cpu, l).await;
+                        return;
+                    }
+                    (pfn, true)
+                }
             };
-            self.count("vm.cow_copies", 1);
-            self.delay(cpu, Cycles(costs.copy_page_cycles)).await;
-            let mapped = self.w().pte(pmap, Vpn(vpn)).present();
-            if mapped {
-                self.reduce(
-                    cpu,
-                    "cow break",
-                    &[Update {
-                        pmap,
-                        start: Vpn(vpn),
-                        pages: 1,
-                        change: Change::Remove,
-                    }],
-                )
-                .await;
+            let (pfn, top) = if store && !top {
+                let old_lock = svr4.then(|| self.page_locks(pfn.0).1);
+                if let Some(l) = old_lock {
+                    self.sleep_lock(cpu, l, true).await;
+                    if self.lookup_page(region.object, idx) != Some((pfn, top)) {
+                        self.sleep_unlock(cpu, l).await;
+                        self.count("vm.fault_retries", 1);
+                        continue;
+                    }
+                }
+                // Copy-on-write: copy into the top object, then replace the
+                // read-only mapping of the old frame (a reduction: the frame
+                // changes), then enter the copy.
+                let new = {
+                    let mut w = self.w();
+                    let new = w
+                        .mem
+                        .alloc_data()
+                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    w.mem.copy_data(pfn, new);
+                    w.objects[region.object as usize].pages.insert(idx, new);
+                    new
+                };
+                let new_lock = svr4.then(|| self.sleep_lock_new_page(cpu, new));
+                if new_lock.is_some() {
+                    self.sleep_lock_guard_cost(cpu).await;
+                }
+                self.count("vm.cow_copies", 1);
+                self.delay(cpu, Cycles(costs.copy_page_cycles)).await;
+                // A concurrent fault's copy-on-write break may be in the
+                // L1 trick on this page table (its level-1 entry cleared,
+                // the PTE still there): the mapping chain tells too.
+                let mapped = {
+                    let w = self.w();
+                    w.pte(pmap, Vpn(vpn)).present()
+                        || (svr4 && w.mappings_of(pfn).contains(&(pmap, Vpn(vpn))))
+                };
+                if mapped {
+                    self.reduce(
+                        cpu,
+                        "cow break",
+                        &[Update {
+                            pmap,
+                            start: Vpn(vpn),
+                            pages: 1,
+                            change: Change::Remove,
+                        }],
+                    )
+                    .await;
+                }
+                if let (Some(old), Some(new_l)) = (old_lock, new_lock) {
+                    self.sleep_unlock(cpu, old).await;
+                    self.protocol()
+                        .enter(self, cpu, pmap, Vpn(vpn), new, writable_for(true))
+                        .await;
+                    self.sleep_unlock(cpu, new_l).await;
+                    return;
+                }
+                (new, true)
+            } else {
+                (pfn, top)
+            };
+            let expect = (region.object, idx, pfn, top);
+            if self
+                .hat_memload_checked(cpu, pmap, Vpn(vpn), pfn, writable_for(top), Some(expect))
+                .await
+            {
+                return;
             }
-            (new, true)
-        } else {
-            (pfn, top)
-        };
-        let writable = region.prot == Prot::ReadWrite && top;
-        self.hat_memload(cpu, pmap, Vpn(vpn), pfn, writable).await;
+            self.count("vm.fault_retries", 1);
+        }
     }
 
     /// The anon and swap layers' reservation locks (allocated on first use).
@@ -346,15 +463,41 @@ impl Sim {
         pfn: Pfn,
         writable: bool,
     ) {
+        let loaded = self
+            .hat_memload_checked(cpu, pmap, vpn, pfn, writable, None)
+            .await;
+        assert!(loaded, "an unchecked hat_memload always loads");
+    }
+
+    /// [`Sim::hat_memload`] for a fault: with the SVR4.2 VM locks, once
+    /// the page's sleep lock is held, `expect` (object, index, frame, top)
+    /// must still be what the object resolves to; false (nothing loaded)
+    /// when it is not.
+    async fn hat_memload_checked(
+        &self,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: Pfn,
+        writable: bool,
+        expect: Option<(u32, u64, Pfn, bool)>,
+    ) -> bool {
         let p = self.protocol();
         if p.svr4_vm_locks() {
             let (_, sleep) = self.page_locks(pfn.0);
             self.sleep_lock(cpu, sleep, false).await;
+            if let Some((obj, idx, pfn, top)) = expect
+                && self.lookup_page(obj, idx) != Some((pfn, top))
+            {
+                self.sleep_unlock(cpu, sleep).await;
+                return false;
+            }
             p.enter(self, cpu, pmap, vpn, pfn, writable).await;
             self.sleep_unlock(cpu, sleep).await;
         } else {
             p.enter(self, cpu, pmap, vpn, pfn, writable).await;
         }
+        true
     }
 
     /// A fault on pageable kernel memory: zero-fill and map it in the kernel
@@ -439,10 +582,10 @@ impl Sim {
     }
 
     pub(crate) async fn syscall(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
-        let lock = self.vm_lock_of(tid);
-        self.lock(cpu, lock).await;
+        let task = self.w().threads[tid.0 as usize].task;
+        self.seg_lock(cpu, task, true).await;
         self.syscall_locked(cpu, tid, s).await;
-        self.unlock(cpu, lock).await;
+        self.seg_unlock(cpu, task).await;
     }
 
     async fn syscall_locked(&self, cpu: CpuId, tid: ThreadId, s: Syscall) {
@@ -831,10 +974,9 @@ impl Sim {
             t.alive = false;
             task
         };
-        let lock = self.w().tasks[task.0 as usize].vm_lock;
-        self.lock(cpu, lock).await;
+        self.seg_lock(cpu, task, true).await;
         self.teardown(cpu, task).await;
-        self.unlock(cpu, lock).await;
+        self.seg_unlock(cpu, task).await;
     }
 
     /// Destroys a task's address space: every mapping removed through the

@@ -57,6 +57,12 @@ pub struct ProtocolOptions {
     /// the HAT lock after copying each mapping chunk ... is being
     /// considered"); false (the default): one hold per segment.
     pub fork_chunk_unlock: bool,
+    /// svr42: one HAT spin lock per level-2 page table instead of one per
+    /// address space (balan92 §Locking Design: "Making the HAT lock finer
+    /// grained by moving it to the page table level was considered");
+    /// the address space's own lock then guards only its CPU set and its
+    /// level-1 directory. False (the default): the paper's one per as.
+    pub hat_lock_per_pt: bool,
 }
 
 impl Default for ProtocolOptions {
@@ -70,6 +76,7 @@ impl Default for ProtocolOptions {
             mapping_chunks: true,
             shoot_lock_when_alone: true,
             fork_chunk_unlock: false,
+            hat_lock_per_pt: false,
         }
     }
 }

@@ -130,6 +130,22 @@ pub struct Svr42 {
     /// PTEs) at a time, dropping the HAT lock after each (§Analysis: "is
     /// being considered"); false: one HAT-lock hold per segment.
     fork_chunk_unlock: bool,
+    /// The switch "HAT lock per page table" (§Locking Design: "Making the
+    /// HAT lock finer grained by moving it to the page table level was
+    /// considered"). See [`Svr42::hat_lock`].
+    hat_lock_per_pt: bool,
+    /// Per (address space, level-1 slot): the page table's HAT lock,
+    /// allocated on first use.
+    pt_locks: RefCell<std::collections::BTreeMap<(u32, usize), usize>>,
+}
+
+/// The HAT locks one operation holds (see [`Svr42::hat_lock`]).
+#[derive(Debug, Default)]
+struct HatHold {
+    /// Page-table locks, in ascending level-1 slot order.
+    pts: Vec<usize>,
+    /// The address space's own lock.
+    space: bool,
 }
 
 impl Svr42 {
@@ -150,6 +166,110 @@ impl Svr42 {
             asid_tlb: Cell::new(false),
             asid_stale: RefCell::new(std::collections::BTreeMap::new()),
             fork_chunk_unlock: o.fork_chunk_unlock,
+            hat_lock_per_pt: o.hat_lock_per_pt,
+            pt_locks: RefCell::new(std::collections::BTreeMap::new()),
+        }
+    }
+
+    /// The last-level page tables a range covers, by number (vpn / the
+    /// pages one table maps): on the i386 the level-1 slot.
+    fn pt_slots(sim: &Sim, start: Vpn, pages: u64) -> std::ops::RangeInclusive<usize> {
+        let fmt = sim.w().cfg.pt_format;
+        let span = fmt.pages_per_entry(fmt.levels() - 2);
+        let first = start.0 / span;
+        let last = (start.0 + pages.max(1) - 1) / span;
+        first as usize..=last as usize
+    }
+
+    /// A page table's HAT lock (switch on), allocated on first use with
+    /// its order key (address space, slot).
+    fn pt_lock(&self, sim: &Sim, pmap: PmapId, slot: usize) -> usize {
+        if let Some(&l) = self.pt_locks.borrow().get(&(pmap.0, slot)) {
+            return l;
+        }
+        let l = sim.new_lock();
+        sim.set_hat_lock_key(l, pmap, slot as u64);
+        self.pt_locks.borrow_mut().insert((pmap.0, slot), l);
+        l
+    }
+
+    /// Takes the HAT lock(s) for an operation on [start, start + pages)
+    /// of `pmap`; `space`: the operation reads or changes what the
+    /// address space's lock guards besides PTEs.
+    ///
+    /// Switch off (the paper): the address space's one HAT spin lock,
+    /// whatever `space` says. Switch on: the lock of every page table the
+    /// range covers, in ascending level-1 slot order, then, if `space`,
+    /// the address space's own lock, which now guards its CPU set (joined
+    /// by `hat_asload`, read by the immediate shootdown's target selection
+    /// and its "alone" test, which must stay stable until the PTEs are
+    /// edited) and its level-1 directory (a new page table's entry, copied
+    /// into every per-CPU directory; the L1 trick's clears). The order
+    /// (page tables ascending, then the address space) is checked by the
+    /// lock-order checker (`lockorder`: same-class HAT keys). The cost is
+    /// the paper's objection: "extra locking round trips for HAT
+    /// functions that cross page tables".
+    async fn hat_lock(
+        &self,
+        sim: &Sim,
+        me: CpuId,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+        space: bool,
+    ) -> HatHold {
+        if !self.hat_lock_per_pt {
+            sim.lock_pmap(me, pmap).await;
+            return HatHold {
+                pts: Vec::new(),
+                space: true,
+            };
+        }
+        let mut hold = HatHold::default();
+        for slot in Self::pt_slots(sim, start, pages) {
+            let l = self.pt_lock(sim, pmap, slot);
+            sim.lock(me, l).await;
+            hold.pts.push(l);
+        }
+        if space {
+            sim.lock_pmap(me, pmap).await;
+            hold.space = true;
+        }
+        sim.count("svr42.hat_pt_locks", hold.pts.len() as u64);
+        hold
+    }
+
+    /// [`Svr42::hat_lock`] for one page, by try-locks (out of order,
+    /// exempt: see `hat_pageunload`): None, holding nothing, when one is
+    /// busy.
+    async fn hat_try_lock(&self, sim: &Sim, me: CpuId, pmap: PmapId, vpn: Vpn) -> Option<HatHold> {
+        if !self.hat_lock_per_pt {
+            return sim.try_lock_pmap(me, pmap).await.then(|| HatHold {
+                pts: Vec::new(),
+                space: true,
+            });
+        }
+        let l = self.pt_lock(sim, pmap, *Self::pt_slots(sim, vpn, 1).start());
+        if !sim.try_lock(me, l).await {
+            return None;
+        }
+        if !sim.try_lock_pmap(me, pmap).await {
+            sim.unlock(me, l).await;
+            return None;
+        }
+        Some(HatHold {
+            pts: vec![l],
+            space: true,
+        })
+    }
+
+    /// Releases what [`Svr42::hat_lock`] took, in reverse order.
+    async fn hat_unlock(&self, sim: &Sim, me: CpuId, pmap: PmapId, hold: HatHold) {
+        if hold.space {
+            sim.unlock_pmap(me, pmap).await;
+        }
+        for &l in hold.pts.iter().rev() {
+            sim.unlock(me, l).await;
         }
     }
 
@@ -451,10 +571,12 @@ impl Svr42 {
         let start = sim.now();
         let saved = sim.set_ipl(me, Ipl::HIGH);
         sim.delay(me, Cycles(costs.spl_cycles)).await;
-        // The as's HAT spin lock (§Locking Design: one per address space).
-        sim.lock_pmap(me, u.pmap).await;
+        // The as's HAT spin lock (§Locking Design: one per address space),
+        // or with the switch on the range's page-table locks and the as's
+        // lock (the CPU set the shootdown selects from).
+        let hold = self.hat_lock(sim, me, u.pmap, u.start, u.pages, true).await;
         let shot = self.immediate_locked(sim, me, u, None).await;
-        sim.unlock_pmap(me, u.pmap).await;
+        self.hat_unlock(sim, me, u.pmap, hold).await;
         sim.set_ipl(me, saved);
         if shot == Shot::Skipped {
             return;
@@ -647,7 +769,11 @@ impl Svr42 {
     async fn kernel_unload(&self, sim: &Sim, me: CpuId, u: Update) {
         let costs = sim.costs();
         let saved = sim.set_ipl(me, Ipl::HIGH);
-        sim.lock_pmap(me, u.pmap).await;
+        // Lazy: no CPU set is read (the kas's is the online set, under
+        // the shootdown lock); with the switch, the page tables' locks.
+        let hold = self
+            .hat_lock(sim, me, u.pmap, u.start, u.pages, false)
+            .await;
         let edit = sim.w().pt_apply(me, &u);
         sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
             .await;
@@ -655,7 +781,7 @@ impl Svr42 {
             sim.defer_completion(me);
             sim.count("svr42.kernel.deferred_unloads", 1);
         }
-        sim.unlock_pmap(me, u.pmap).await;
+        self.hat_unlock(sim, me, u.pmap, hold).await;
         sim.set_ipl(me, saved);
     }
 }
@@ -752,11 +878,31 @@ impl Protocol for Svr42 {
             );
             // "In all these operations, the HAT resource lock is acquired
             // by the HAT layer" (§Examples of the Locking requirements).
+            // With the switch on: the page table's lock; a load that
+            // creates the page table (no level-1 entry yet) writes a new
+            // level-1 entry into every per-CPU directory, so it takes the
+            // as's lock too (a rights increase reads no CPU set).
             let saved = sim.set_ipl(cpu, Ipl::HIGH);
-            sim.lock_pmap(cpu, pmap).await;
+            let new_table = {
+                let w = sim.w();
+                let fmt = w.cfg.pt_format;
+                let root = w.pmaps[pmap.0 as usize].root;
+                !mmulab_machine::pagetable::walk(&w.mem, fmt, root, vpn).leaf
+            };
+            let hold = self.hat_lock(sim, cpu, pmap, vpn, 1, new_table).await;
+            let creates = {
+                let w = sim.w();
+                let fmt = w.cfg.pt_format;
+                let root = w.pmaps[pmap.0 as usize].root;
+                !mmulab_machine::pagetable::walk(&w.mem, fmt, root, vpn).leaf
+            };
+            assert!(
+                !creates || hold.space,
+                "hat_memload creates a page table without the as's HAT lock"
+            );
             let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
             sim.delay(cpu, c).await;
-            sim.unlock_pmap(cpu, pmap).await;
+            self.hat_unlock(sim, cpu, pmap, hold).await;
             sim.set_ipl(cpu, saved);
         })
     }
@@ -794,18 +940,25 @@ impl Protocol for Svr42 {
                 let Some(&(pmap, vpn)) = chain.first() else {
                     break;
                 };
-                if self.mutation == Mutation::PageunloadBlocking {
-                    sim.lock_pmap(me, pmap).await;
-                } else if !sim.try_lock_pmap(me, pmap).await {
+                let hold = if self.mutation == Mutation::PageunloadBlocking {
+                    Some(self.hat_lock(sim, me, pmap, vpn, 1, true).await)
+                } else {
+                    self.hat_try_lock(sim, me, pmap, vpn).await
+                };
+                let Some(hold) = hold else {
                     sim.count("svr42.pageunload.backoffs", 1);
                     sim.unlock(me, spin).await;
+                    let pt = self
+                        .hat_lock_per_pt
+                        .then(|| self.pt_lock(sim, pmap, *Self::pt_slots(sim, vpn, 1).start()));
                     sim.spin_until(me, "hat_pageunload back-off: a HAT lock", |w| {
                         w.pmaps[pmap.0 as usize].lock.is_none()
+                            && pt.is_none_or(|l| w.locks[l].is_none())
                     })
                     .await;
                     sim.lock(me, spin).await;
                     continue;
-                }
+                };
                 // Re-validate: the chain entry may have gone while the HAT
                 // lock was being taken (its holder edits PTEs, and the
                 // pv list with them, before it takes the page spin lock).
@@ -824,7 +977,7 @@ impl Protocol for Svr42 {
                 } else {
                     sim.count("svr42.pageunload.revalidated", 1);
                 }
-                sim.unlock_pmap(me, pmap).await;
+                self.hat_unlock(sim, me, pmap, hold).await;
             }
         })
     }

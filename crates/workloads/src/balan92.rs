@@ -1025,6 +1025,12 @@ pub struct FaultStormSpec {
     pub pages: u64,
     #[serde(default = "FaultStormSpec::default_rounds")]
     pub rounds: u64,
+    /// Pages each LWP's mapping has below the `pages` it touches (never
+    /// touched: no page table, no mapping chunk); 1024 or more puts each
+    /// LWP's touched pages in a page table of its own on the i386, the
+    /// case the switch "HAT lock per page table" is for. Default 0.
+    #[serde(default)]
+    pub spread_pages: u64,
 }
 
 impl FaultStormSpec {
@@ -1078,12 +1084,12 @@ impl Workload for FaultStorm {
                     step += 1;
                     match step {
                         1 => Op::Syscall(Syscall::Mmap {
-                            pages: spec.pages,
+                            pages: spec.spread_pages + spec.pages,
                             prot: Prot::ReadWrite,
                         }),
                         2 => {
                             va = ctx.ret;
-                            touch_pages(va, spec.pages)
+                            touch_pages(va + spec.spread_pages * PAGE, spec.pages)
                         }
                         _ => {
                             step = 0;
@@ -1094,7 +1100,7 @@ impl Workload for FaultStorm {
                             }
                             Op::Syscall(Syscall::Munmap {
                                 va,
-                                pages: spec.pages,
+                                pages: spec.spread_pages + spec.pages,
                             })
                         }
                     }
