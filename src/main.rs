@@ -125,13 +125,21 @@ enum DsmCommand {
         #[arg(long)]
         site: Option<String>,
     },
-    /// Remote-fault latency against the loopback limit, ping-pong and
-    /// read-writer sweeps (two sites in this process).
+    /// Remote-fault latency against the loopback limit (two sites in this
+    /// process), ping-pong and read-writer Δ sweeps (one process per site,
+    /// each pinned to a core).
     Bench {
         #[arg(long)]
         quick: bool,
         #[arg(long)]
         json: bool,
+    },
+    /// One site of a bench sweep point (started by `dsm bench` itself:
+    /// its listener on fd 3, its job as JSON, `go`/`stop` on stdin).
+    #[command(hide = true)]
+    BenchSite {
+        #[arg(long)]
+        job: String,
     },
 }
 
@@ -561,6 +569,15 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             mmulab_mirage::runtime::cli::run_site(&config, &name, &STOP, &mut |m| eprintln!("{m}"))
                 .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Dsm(DsmCommand::BenchSite { job }) => {
+            match mmulab_mirage::runtime::sweep::site_main(&job) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("dsm bench-site: {e}");
+                    Ok(ExitCode::from(1))
+                }
+            }
         }
         Command::Dsm(DsmCommand::Bench { quick, json }) => {
             let report = mmulab_mirage::runtime::cli::run_bench(quick)?;

@@ -343,6 +343,53 @@ fn dsm_bench_quick_json_has_the_contract_keys() {
     assert_eq!(r["stale_reads"], 0);
 }
 
+/// `mmulab dsm bench --quick` (about 10 s; one process per site, so the
+/// real binary): the ping-pong and read-writer sweeps have rows with real
+/// numbers and the verdict lines are there, in text and JSON. A shape
+/// check of the output, not of the measurement: the verdicts may say no.
+#[test]
+fn dsm_bench_quick_prints_sweep_rows_and_verdicts() {
+    let o = mmulab(&["dsm", "bench", "--quick"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(text.matches("ping-pong Δ=").count(), 6, "{text}");
+    assert_eq!(text.matches("read-writers Δ=").count(), 5, "{text}");
+    assert!(
+        text.contains("verdict ping-pong: yield best at Δ=0: "),
+        "{text}"
+    );
+    assert!(
+        text.contains("verdict read-writers: optimum at Δ="),
+        "{text}"
+    );
+    assert!(
+        text.contains("site a pinned to CPU") || text.contains("one CPU only"),
+        "{text}"
+    );
+    for line in text
+        .lines()
+        .filter(|l| l.contains(" Δ=") && !l.starts_with("verdict"))
+    {
+        assert!(line.contains("stale reads 0"), "{line}");
+        assert!(!line.contains(":        0.0 "), "{line}");
+    }
+    let o = mmulab(&["dsm", "bench", "--quick", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pp = r["pingpong"].as_array().unwrap();
+    assert_eq!(pp.len(), 6);
+    assert!(pp.iter().all(|p| p["cycles_per_s"].as_f64().unwrap() > 0.0
+        && p["messages_per_cycle"].as_f64().unwrap() > 0.0
+        && p["fault_ns"]["p90"].as_u64().is_some()));
+    let rw = r["read_writers"].as_array().unwrap();
+    assert_eq!(rw.len(), 5);
+    assert!(rw.iter().all(
+        |p| p["decrements"] == 2 * mmulab_mirage::runtime::bench::RW_COUNT && p["stale_reads"] == 0
+    ));
+    assert!(r["shapes"]["pingpong_yield_best_at_zero"].is_boolean());
+    assert!(r["shapes"]["rw_paper_shape"].is_boolean());
+}
+
 /// Site daemons started by a test; killed if the test fails before
 /// stopping them.
 struct DsmSites(Vec<std::process::Child>);

@@ -89,6 +89,9 @@ pub struct Site {
     pub(crate) libraries: BTreeMap<SegmentId, super::library::LibrarySegment>,
     /// Messages addressed to this site itself (a colocated library).
     pub(crate) local: VecDeque<Msg>,
+    /// How many messages went through `local` so far (a count only: the
+    /// bench's messages per cycle, fleisch89 §7.2 counts them too).
+    pub(crate) local_sent: u64,
     pub(crate) actions: Vec<Action>,
 }
 
@@ -105,12 +108,19 @@ impl Site {
             segments: BTreeMap::new(),
             libraries: BTreeMap::new(),
             local: VecDeque::new(),
+            local_sent: 0,
             actions: Vec::new(),
         }
     }
 
     pub fn id(&self) -> SiteId {
         self.id
+    }
+
+    /// Messages this site sent to itself (a colocated library and
+    /// holder), which never reach the wire.
+    pub fn local_messages(&self) -> u64 {
+        self.local_sent
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -150,6 +160,7 @@ impl Site {
 
     pub(crate) fn send(&mut self, to: SiteId, msg: Msg) {
         if to == self.id {
+            self.local_sent += 1;
             self.local.push_back(msg);
         } else {
             self.actions.push(Action::Send { to, msg });

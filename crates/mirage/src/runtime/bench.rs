@@ -75,12 +75,17 @@ pub struct BenchReport {
     pub fault_path: String,
     /// Frames sent by both sites per timed cycle (write at a + read at b).
     pub frames_per_cycle: f64,
-    /// fleisch89 Fig. 4's ping-pong across the two sites, per Δ (three
-    /// Δ values of 200 ms each with `--quick`).
+    /// fleisch89 Fig. 4's ping-pong across the two site processes, per Δ
+    /// (with and without yield).
     pub pingpong: Vec<PingPongPoint>,
-    /// fleisch89 §8's two conflicting read-writers, per Δ (three Δ values
-    /// with `--quick`).
+    /// fleisch89 §8's two conflicting read-writers, per Δ.
     pub read_writers: Vec<ReadWritersPoint>,
+    /// How the sweeps ran: processes, CPUs, tick, work.
+    pub sweep_setup: String,
+    /// Each site process's CPUs (site a, site b), as the children saw them.
+    pub site_cpus: Vec<Vec<usize>>,
+    /// The shape verdicts (issue #7), from the points above.
+    pub shapes: Shapes,
     pub wall_ms: u64,
 }
 
@@ -88,9 +93,19 @@ pub struct BenchReport {
 pub struct ReadWritersPoint {
     pub delta_ticks: u32,
     pub tick_ns: u64,
-    /// Read-test-then-decrement iterations per second, both sites together.
+    /// Decrements of both sites (the fixed work: `2 × count`) over the
+    /// run, from the first `go` to the last site's end.
     pub decrements_per_s: f64,
-    pub frames_per_s: f64,
+    pub decrements: u64,
+    pub elapsed_ms: f64,
+    /// Protocol messages (wire frames `Frame::Core` of both sites, plus
+    /// messages a core sent to itself, its colocated library), total and
+    /// per 1000 decrements. Heartbeats are never counted.
+    pub messages: u64,
+    pub messages_per_kdec: f64,
+    /// Latency of faulting accesses, timed in the programs (both sites).
+    pub fault_ns: Option<Percentiles>,
+    pub faults: u64,
     /// Decrements that found a value other than the one this site wrote
     /// last (the oracle: each counter has one writer).
     pub stale_reads: u64,
@@ -102,10 +117,103 @@ pub struct PingPongPoint {
     pub tick_ns: u64,
     pub yield_: bool,
     pub cycles_per_s: f64,
-    /// Frames on the wire per cycle (fleisch89 §7.2 counts 9 messages,
-    /// some of them local to the library's site).
-    pub frames_per_cycle: f64,
+    pub cycles: u64,
+    /// Protocol messages per cycle: `wire_frames_per_cycle` (`Frame::Core`
+    /// sent by both sites; no heartbeats, hellos or directory frames) plus
+    /// `local_messages_per_cycle` (sent by site a's core to itself, the
+    /// colocated library). fleisch89 §7.2 counts 9 per cycle.
+    pub messages_per_cycle: f64,
+    pub wire_frames_per_cycle: f64,
+    pub local_messages_per_cycle: f64,
+    pub faults_per_cycle: f64,
+    /// Latency of faulting accesses, timed in the programs (both sites).
+    pub fault_ns: Option<Percentiles>,
     pub stale_reads: u64,
+}
+
+/// The shape verdicts, computed from the measured points only.
+#[derive(Clone, Debug, Serialize)]
+pub struct Shapes {
+    /// Ping-pong with yield: the best cycles/s is at Δ = 0.
+    pub pingpong_yield_best_at_zero: bool,
+    /// Read-writers: the Δ (ticks) of the highest throughput.
+    pub rw_optimum_delta_ticks: u32,
+    /// Throughput rises from Δ = 0 to the optimum (Δ = 0 at most 80 % of it).
+    pub rw_contention_side: bool,
+    /// Throughput falls past the optimum (the last point at most 80 % of it).
+    pub rw_retention_side: bool,
+    /// Relative slopes, per ms of Δ: (max − first)/max/(Δopt − Δ0) and
+    /// (max − last)/max/(Δlast − Δopt).
+    pub rw_contention_slope_per_ms: f64,
+    pub rw_retention_slope_per_ms: f64,
+    /// Both sides, and the retention side the gentler.
+    pub rw_paper_shape: bool,
+    pub lines: Vec<String>,
+}
+
+impl Shapes {
+    fn of(pp: &[PingPongPoint], rw: &[ReadWritersPoint]) -> Shapes {
+        let mut lines = Vec::new();
+        let yields: Vec<&PingPongPoint> = pp.iter().filter(|p| p.yield_).collect();
+        let best = yields
+            .iter()
+            .max_by(|x, y| x.cycles_per_s.total_cmp(&y.cycles_per_s));
+        let at_zero = yields.iter().find(|p| p.delta_ticks == 0);
+        let pingpong_yield_best_at_zero = matches!((best, at_zero), (Some(b), Some(z)) if b.delta_ticks == 0 && z.cycles_per_s > 0.0);
+        if let (Some(b), Some(z)) = (best, at_zero) {
+            lines.push(format!(
+                "verdict ping-pong: yield best at Δ=0: {} (Δ=0: {:.0} cycles/s; best: {:.0} cycles/s at Δ={})",
+                if pingpong_yield_best_at_zero { "yes" } else { "no" },
+                z.cycles_per_s,
+                b.cycles_per_s,
+                b.delta_ticks
+            ));
+        }
+        let ms = |p: &ReadWritersPoint| p.delta_ticks as f64 * p.tick_ns as f64 / 1e6;
+        let (mut opt, mut c_slope, mut r_slope) = (0usize, 0.0, 0.0);
+        let (mut contention, mut retention) = (false, false);
+        if !rw.is_empty() {
+            opt = (0..rw.len())
+                .max_by(|&x, &y| rw[x].decrements_per_s.total_cmp(&rw[y].decrements_per_s))
+                .expect("points");
+            let max = rw[opt].decrements_per_s;
+            let (first, last) = (&rw[0], &rw[rw.len() - 1]);
+            contention = opt > 0 && first.decrements_per_s <= 0.8 * max;
+            retention = opt + 1 < rw.len() && last.decrements_per_s <= 0.8 * max;
+            if opt > 0 {
+                c_slope =
+                    (max - first.decrements_per_s) / max / (ms(&rw[opt]) - ms(first)).max(1e-9);
+            }
+            if opt + 1 < rw.len() {
+                r_slope = (max - last.decrements_per_s) / max / (ms(last) - ms(&rw[opt])).max(1e-9);
+            }
+        }
+        let rw_paper_shape = contention && retention && r_slope < c_slope;
+        if !rw.is_empty() {
+            let yn = |b: bool| if b { "yes" } else { "no" };
+            lines.push(format!(
+                "verdict read-writers: optimum at Δ={} ({:.1} ms); contention side: {} (slope {:.3}/ms); retention side: {} (slope {:.3}/ms); retention gentler: {}; paper's shape: {}",
+                rw[opt].delta_ticks,
+                ms(&rw[opt]),
+                yn(contention),
+                c_slope,
+                yn(retention),
+                r_slope,
+                yn(retention && r_slope < c_slope),
+                yn(rw_paper_shape)
+            ));
+        }
+        Shapes {
+            pingpong_yield_best_at_zero,
+            rw_optimum_delta_ticks: rw.get(opt).map_or(0, |p| p.delta_ticks),
+            rw_contention_side: contention,
+            rw_retention_side: retention,
+            rw_contention_slope_per_ms: c_slope,
+            rw_retention_slope_per_ms: r_slope,
+            rw_paper_shape,
+            lines,
+        }
+    }
 }
 
 impl BenchReport {
@@ -114,27 +222,47 @@ impl BenchReport {
     }
 
     pub fn render(&self) -> String {
-        let mut pp = String::new();
+        let mut pp = self.sweep_setup.clone() + "\n";
+        let lat = |f: &Option<Percentiles>| {
+            f.as_ref().map_or("no faults".to_string(), |f| {
+                format!(
+                    "fault p50 {:>7} p90 {:>7} p99 {:>8} ns",
+                    f.p50, f.p90, f.p99
+                )
+            })
+        };
         for p in &self.pingpong {
             pp.push_str(&format!(
-                "ping-pong Δ={:>2} ticks of {} µs, {}: {:>8.1} cycles/s, {:.2} frames/cycle, stale reads {}\n",
+                "ping-pong Δ={:>3} ticks of {} µs, {}: {:>8.1} cycles/s, {:>5.2} messages/cycle ({:.2} wire + {:.2} local; paper: 9), {:.2} faults/cycle, {}, stale reads {}\n",
                 p.delta_ticks,
                 p.tick_ns / 1000,
                 if p.yield_ { "yield   " } else { "no yield" },
                 p.cycles_per_s,
-                p.frames_per_cycle,
+                p.messages_per_cycle,
+                p.wire_frames_per_cycle,
+                p.local_messages_per_cycle,
+                p.faults_per_cycle,
+                lat(&p.fault_ns),
                 p.stale_reads
             ));
         }
         for p in &self.read_writers {
             pp.push_str(&format!(
-                "read-writers Δ={:>2} ticks of {} µs: {:>12.0} decrements/s, {:>8.0} frames/s, stale reads {}\n",
+                "read-writers Δ={:>4} ticks of {} µs: {:>10.0} decrements/s ({} in {:.0} ms), {:>6.1} messages/1000 decrements, {} faults, {}, stale reads {}\n",
                 p.delta_ticks,
                 p.tick_ns / 1000,
                 p.decrements_per_s,
-                p.frames_per_s,
+                p.decrements,
+                p.elapsed_ms,
+                p.messages_per_kdec,
+                p.faults,
+                lat(&p.fault_ns),
                 p.stale_reads
             ));
+        }
+        for l in &self.shapes.lines {
+            pp.push_str(l);
+            pp.push('\n');
         }
         pp + &format!(
             "remote fault (read, page held for writing by the other site), {} faults\n\
@@ -334,35 +462,16 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
     if quick && started.elapsed() > Duration::from_secs(60) {
         return Err(BenchError::Failed("bench ran past a minute".into()));
     }
-    // `--quick`: a small sweep (three Δ values, short runs), enough to
-    // see the shapes' direction in a few seconds; the full sweep otherwise.
-    let (pp_deltas, pp_for, rw_deltas, rw_for): (&[u32], u64, &[u32], u64) = if quick {
-        (&[0, 2, 10], 200, &[0, 5, 50], 200)
-    } else {
-        (&[0, 1, 2, 5, 10], 700, &[0, 1, 2, 5, 10, 20, 50], 500)
-    };
-    let mut pingpong_points = Vec::new();
-    for yield_ in [true, false] {
-        for &delta_ticks in pp_deltas {
-            pingpong_points.push(pingpong(
-                delta_ticks,
-                yield_,
-                Duration::from_millis(pp_for),
-            )?);
-        }
-    }
-    let pingpong = pingpong_points;
-    let mut read_writers_points = Vec::new();
-    for &delta_ticks in rw_deltas {
-        read_writers_points.push(read_writers(delta_ticks, Duration::from_millis(rw_for))?);
-    }
-    let read_writers = read_writers_points;
+    let sweeps = sweeps(quick)?;
     if quick && started.elapsed() > Duration::from_secs(60) {
         return Err(BenchError::Failed("bench ran past a minute".into()));
     }
     Ok(BenchReport {
-        pingpong,
-        read_writers,
+        shapes: Shapes::of(&sweeps.pingpong, &sweeps.read_writers),
+        pingpong: sweeps.pingpong,
+        read_writers: sweeps.read_writers,
+        sweep_setup: sweeps.setup,
+        site_cpus: sweeps.site_cpus,
         ratio: remote.p50 as f64 / limit_ns as f64,
         remote_fault_ns: remote,
         breakdown_ns,
@@ -377,162 +486,172 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
     })
 }
 
-/// One point of the ping-pong (fleisch89 Fig. 4): two program threads,
-/// one per site, take turns through a counter on one page; each checks
-/// the other's latest version (the oracle). Runs for `run_for`.
-pub fn pingpong(
-    delta_ticks: u32,
-    yield_: bool,
-    run_for: Duration,
-) -> Result<PingPongPoint, BenchError> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let (a, b) = two_sites(NodeOptions::default())?;
-    let tick_ns = a.node().config().tick_ns;
-    let key = 0x5050;
-    let ida = a.shmget(key, 4096, IPC_CREAT | 0o600)?;
-    a.set_delta(ida, delta_ticks)?;
-    let idb = b.shmget(key, 4096, 0o600)?;
-    let bases = [
-        a.shmat(ida, None, 0)? as usize,
-        b.shmat(idb, None, 0)? as usize,
-    ];
-    let stop = Arc::new(AtomicBool::new(false));
-    let stale = Arc::new(AtomicU64::new(0));
-    let cycles = Arc::new(AtomicU64::new(0));
-    let frames = |x: &Dsm| x.node().counters().frames_sent.load(Ordering::Relaxed);
-    let f0 = frames(&a) + frames(&b);
-    let started = Instant::now();
-    let threads: Vec<_> = (0..2u64)
-        .map(|me| {
-            let (base, stop, stale, cycles) = (
-                bases[me as usize],
-                stop.clone(),
-                stale.clone(),
-                cycles.clone(),
-            );
-            std::thread::spawn(move || {
-                let turn = base as *mut u64;
-                let slot = (base + 8 * (1 + me as usize)) as *mut u64;
-                let other = (base + 8 * (2 - me as usize)) as *const u64;
-                let mut r = 0u64;
-                'outer: loop {
-                    let my_turn = 2 * r + me;
-                    // SAFETY: a live attach mapping served by the daemons.
-                    while unsafe { std::ptr::read_volatile(turn) } != my_turn {
-                        if stop.load(Ordering::Relaxed) {
-                            break 'outer;
-                        }
-                        if yield_ {
-                            std::thread::yield_now();
-                        }
-                    }
-                    // SAFETY: as above.
-                    unsafe {
-                        if std::ptr::read_volatile(other) != r + me {
-                            stale.fetch_add(1, Ordering::Relaxed);
-                        }
-                        std::ptr::write_volatile(slot, r + 1);
-                        std::ptr::write_volatile(turn, my_turn + 1);
-                    }
-                    if me == 1 {
-                        cycles.fetch_add(1, Ordering::Relaxed);
-                    }
-                    r += 1;
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(run_for);
-    stop.store(true, Ordering::Relaxed);
-    let elapsed = started.elapsed();
-    let n = cycles.load(Ordering::Relaxed);
-    let f1 = frames(&a) + frames(&b);
-    for t in threads {
-        t.join()
-            .map_err(|_| BenchError::Failed("ping-pong thread panicked".into()))?;
-    }
-    a.shmdt(bases[0] as *mut u8)?;
-    b.shmdt(bases[1] as *mut u8)?;
-    a.stop();
-    b.stop();
-    Ok(PingPongPoint {
-        delta_ticks,
-        tick_ns,
-        yield_,
-        cycles_per_s: n as f64 / elapsed.as_secs_f64(),
-        frames_per_cycle: (f1 - f0) as f64 / n.max(1) as f64,
-        stale_reads: stale.load(Ordering::Relaxed),
-    })
+/// The sweeps' Δ tick: 100 µs (a VAX's Δ ran in clock ticks of tens of
+/// ms against 27.5 ms remote faults; here a remote fault takes tens of
+/// µs, so the tick shrinks with it).
+pub const SWEEP_TICK_NS: u64 = 100_000;
+
+/// Read-writers: each site's program thread runs under `SCHED_IDLE` on
+/// its core, its daemon's threads under the normal policy: a message wakes the daemon
+/// and it preempts the program at once, as Mirage's protocol ran in the
+/// VAX kernel at interrupt level and preempted the process. Without it a
+/// program spinning on its core (the read-writers' loop, the ping-pong
+/// without yield) keeps the core until the scheduler's slice ends (ms),
+/// and that slice, not Δ, decides how long a site keeps a page (measured
+/// here: Δ = 0 then ran as fast as Δ = 0.5 ms, no contention side). The
+/// ping-pong keeps the normal policy for its program: its busy-waiting
+/// with and without yield is what it compares (§7.2). `SCHED_IDLE` has
+/// a cost on a shared machine: any other runnable task on that core
+/// starves the program, so read-writer times are load-sensitive.
+pub const PROGRAM_IDLE: bool = true;
+
+/// Read-writers: each site counts its own counter down from this.
+pub const RW_COUNT: u64 = 20_000;
+/// Read-writers: local work per iteration, off the page (ns).
+pub const RW_WORK_NS: u64 = 5_000;
+
+struct Sweeps {
+    pingpong: Vec<PingPongPoint>,
+    read_writers: Vec<ReadWritersPoint>,
+    setup: String,
+    site_cpus: Vec<Vec<usize>>,
 }
 
-/// One point of fleisch89 §8: two program threads, one per site, each
-/// decrementing its own counter on one shared page, testing the loop
-/// condition (a read) before each decrement (a write). Runs for `run_for`.
-pub fn read_writers(delta_ticks: u32, run_for: Duration) -> Result<ReadWritersPoint, BenchError> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let (a, b) = two_sites(NodeOptions::default())?;
-    let tick_ns = a.node().config().tick_ns;
-    let key = 0x5257;
-    let ida = a.shmget(key, 4096, IPC_CREAT | 0o600)?;
-    a.set_delta(ida, delta_ticks)?;
-    let idb = b.shmget(key, 4096, 0o600)?;
-    let bases = [
-        a.shmat(ida, None, 0)? as usize,
-        b.shmat(idb, None, 0)? as usize,
-    ];
-    let stop = Arc::new(AtomicBool::new(false));
-    let stale = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let frames = |x: &Dsm| x.node().counters().frames_sent.load(Ordering::Relaxed);
-    let f0 = frames(&a) + frames(&b);
-    let started = Instant::now();
-    let threads: Vec<_> = (0..2usize)
-        .map(|me| {
-            let (base, stop, stale, done) = (bases[me], stop.clone(), stale.clone(), done.clone());
-            std::thread::spawn(move || {
-                let counter = (base + 64 * (me + 1)) as *mut u64;
-                let mut expect = u64::MAX;
-                // SAFETY: a live attach mapping served by the daemons.
-                unsafe { std::ptr::write_volatile(counter, expect) };
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: as above.
-                    unsafe {
-                        let v = std::ptr::read_volatile(counter);
-                        if v != expect {
-                            stale.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if v == 0 {
-                            break;
-                        }
-                        expect = v - 1;
-                        std::ptr::write_volatile(counter, expect);
-                    }
-                    n += 1;
-                }
-                done.fetch_add(n, Ordering::Relaxed);
-            })
-        })
-        .collect();
-    std::thread::sleep(run_for);
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join()
-            .map_err(|_| BenchError::Failed("read-writer thread panicked".into()))?;
+fn percentiles_of(v: Vec<u64>) -> Option<Percentiles> {
+    (!v.is_empty()).then(|| Percentiles::of(v))
+}
+
+/// The ping-pong and read-writer sweeps, one process per site
+/// ([`super::sweep`]), site a pinned to the first allowed CPU and site b
+/// to the second (both to the one if there is only one).
+///
+/// Read-writers (fleisch89 §8): each site counts its own counter (on the
+/// one shared page) down from [`RW_COUNT`] to zero, testing it (a read)
+/// and decrementing it (a write) each iteration: fixed work, so the
+/// throughput is total decrements over the elapsed time of both. Each
+/// iteration also does [`RW_WORK_NS`] of local work off the page: the
+/// VAX's loop ran at ~10^5 iterations/s against 27.5 ms page moves; a
+/// bare loop here runs ~10^7/s against ~0.1 ms page moves, and at Δ = 0
+/// the fixed work would take minutes. Retention arises as §8 describes,
+/// "one of the processes retains the page for longer than it needs":
+/// with a large Δ a site that holds the page keeps it for all of Δ, and
+/// the site that finishes its count first still holds the page (nothing
+/// of its program needs it any more) while the other waits out the rest
+/// of Δ. Nothing else is added; if the curve shows no such side here,
+/// the verdict says so.
+fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
+    let exe = std::env::current_exe()?;
+    let allowed = super::sweep::allowed_cpus();
+    let cpus = match allowed.as_slice() {
+        [] => [None, None],
+        [one] => [Some(*one), Some(*one)],
+        [x, y, ..] => [Some(*x), Some(*y)],
+    };
+    let pin_text = match cpus {
+        [Some(x), Some(y)] if x == y => format!(
+            "one CPU only: sites a and b both pinned to CPU {x} (each site's daemon and program share it, and so do the two sites)"
+        ),
+        [Some(x), Some(y)] => format!("site a pinned to CPU {x}, site b to CPU {y}"),
+        _ => "not pinned (affinity unreadable)".to_string(),
+    };
+    let (pp_deltas, pp_ms, rw_deltas): (&[u32], u64, &[u32]) = if quick {
+        (&[0, 2, 10], 300, &[0, 5, 100, 1000, 4000])
+    } else {
+        (
+            &[0, 1, 2, 5, 10, 20],
+            700,
+            &[0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000],
+        )
+    };
+    let setup = format!(
+        "sweeps: one process per site (its daemon and program share its core; read-writer programs under SCHED_IDLE: {PROGRAM_IDLE}), two sites over loopback; {pin_text}; Δ tick {} µs; ping-pong {} ms per point; read-writers: {} decrements per site, {} µs local work per iteration",
+        SWEEP_TICK_NS / 1000,
+        pp_ms,
+        RW_COUNT,
+        RW_WORK_NS / 1000
+    );
+    let fail = BenchError::Failed;
+    let mut site_cpus = Vec::new();
+    let mut pingpong = Vec::new();
+    for yield_ in [true, false] {
+        for &delta_ticks in pp_deltas {
+            let [a, b] = super::sweep::run_point(
+                &exe,
+                cpus,
+                super::sweep::Point {
+                    tick_ns: SWEEP_TICK_NS,
+                    key: 0x5050,
+                    delta_ticks,
+                    program: super::sweep::Program::PingPong {
+                        yield_,
+                        run_ms: pp_ms,
+                    },
+                    program_idle: false,
+                },
+                Duration::from_millis(pp_ms) + Duration::from_secs(30),
+            )
+            .map_err(fail)?;
+            if site_cpus.is_empty() {
+                site_cpus = vec![a.cpus.clone(), b.cpus.clone()];
+            }
+            let cycles = a.ops.min(b.ops);
+            let secs = (a.end_ns.max(b.end_ns) - a.start_ns.min(b.start_ns)) as f64 / 1e9;
+            let per = |x: u64| x as f64 / cycles.max(1) as f64;
+            let wire = a.wire_frames + b.wire_frames;
+            let local = a.local_messages + b.local_messages;
+            pingpong.push(PingPongPoint {
+                delta_ticks,
+                tick_ns: SWEEP_TICK_NS,
+                yield_,
+                cycles_per_s: cycles as f64 / secs,
+                cycles,
+                messages_per_cycle: per(wire + local),
+                wire_frames_per_cycle: per(wire),
+                local_messages_per_cycle: per(local),
+                faults_per_cycle: per(a.faults + b.faults),
+                fault_ns: percentiles_of([a.fault_ns, b.fault_ns].concat()),
+                stale_reads: a.stale_reads + b.stale_reads,
+            });
+        }
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let f1 = frames(&a) + frames(&b);
-    a.shmdt(bases[0] as *mut u8)?;
-    b.shmdt(bases[1] as *mut u8)?;
-    a.stop();
-    b.stop();
-    Ok(ReadWritersPoint {
-        delta_ticks,
-        tick_ns,
-        decrements_per_s: done.load(Ordering::Relaxed) as f64 / elapsed,
-        frames_per_s: (f1 - f0) as f64 / elapsed,
-        stale_reads: stale.load(Ordering::Relaxed),
+    let mut read_writers = Vec::new();
+    for &delta_ticks in rw_deltas {
+        let [a, b] = super::sweep::run_point(
+            &exe,
+            cpus,
+            super::sweep::Point {
+                tick_ns: SWEEP_TICK_NS,
+                key: 0x5257,
+                delta_ticks,
+                program: super::sweep::Program::ReadWriter {
+                    count: RW_COUNT,
+                    work_ns: RW_WORK_NS,
+                },
+                program_idle: PROGRAM_IDLE,
+            },
+            Duration::from_secs(120),
+        )
+        .map_err(fail)?;
+        let n = a.ops + b.ops;
+        let ns = a.end_ns.max(b.end_ns) - a.start_ns.min(b.start_ns);
+        let messages = a.wire_frames + b.wire_frames + a.local_messages + b.local_messages;
+        read_writers.push(ReadWritersPoint {
+            delta_ticks,
+            tick_ns: SWEEP_TICK_NS,
+            decrements_per_s: n as f64 / (ns as f64 / 1e9),
+            decrements: n,
+            elapsed_ms: ns as f64 / 1e6,
+            messages,
+            messages_per_kdec: messages as f64 * 1000.0 / n.max(1) as f64,
+            fault_ns: percentiles_of([a.fault_ns, b.fault_ns].concat()),
+            faults: a.faults + b.faults,
+            stale_reads: a.stale_reads + b.stale_reads,
+        });
+    }
+    Ok(Sweeps {
+        pingpong,
+        read_writers,
+        setup,
+        site_cpus,
     })
 }

@@ -9,6 +9,7 @@
 //! - [`local`] — the local socket for programs using `libmmulab_shm.so`.
 //! - [`shm`] — the System V-style Rust API (`shmget`/`shmat`/`shmdt`/`shmctl`).
 //! - [`bench`](mod@bench) — remote-fault latency beside the loopback limit.
+//! - [`sweep`] — the bench's Δ sweeps, one process per site, each pinned to a core.
 //! - [`cli`] — clap-free entry points for `mmulab dsm site` and `mmulab dsm bench`.
 //!
 //! The wire format lives in [`crate::wire`].
@@ -24,6 +25,7 @@ pub mod local_proto;
 pub mod mem;
 pub mod node;
 pub mod shm;
+pub mod sweep;
 pub mod uffd;
 
 pub use config::ClusterConfig;

@@ -136,6 +136,13 @@ pub struct Counters {
     /// userfaultfd path).
     pub program_uffd_faults: AtomicU64,
     pub frames_sent: AtomicU64,
+    /// Of `frames_sent`, the protocol's own messages (`Frame::Core`:
+    /// requests, invalidations, pages, refusals, acknowledgements):
+    /// no heartbeats (never counted), hellos, goodbyes or directory frames.
+    pub core_frames_sent: AtomicU64,
+    /// Protocol messages this site's core sent to itself (a colocated
+    /// library and holder): fleisch89 §7.2's 9 messages count them.
+    pub local_messages: AtomicU64,
     pub frames_received: AtomicU64,
     /// Time stamps ([`stamp`]) of the latest remote fault's steps, for
     /// the bench's Table 3-style breakdown.
@@ -1853,6 +1860,10 @@ impl CoreLoop {
         let now = self.now();
         let recorded = self.trace.is_some().then(|| event.clone());
         let actions = self.site.handle(now, event);
+        self.shared
+            .counters
+            .local_messages
+            .store(self.site.local_messages(), Ordering::Relaxed);
         if let (Some(t), Some(event)) = (&mut self.trace, recorded) {
             t.push(TraceEntry::Event {
                 now,
@@ -2141,11 +2152,13 @@ impl CoreLoop {
             ));
             return;
         };
+        let core = matches!(frame, Frame::Core(_));
         out.send(wire::encode(frame));
-        self.shared
-            .counters
-            .frames_sent
-            .fetch_add(1, Ordering::Relaxed);
+        let counters = &self.shared.counters;
+        counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+        if core {
+            counters.core_frames_sent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Dials a peer and exchanges hellos: with retries for `dial_for`
