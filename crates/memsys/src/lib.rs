@@ -194,6 +194,17 @@ fn bits(mut m: u64) -> impl Iterator<Item = usize> {
     })
 }
 
+/// Set bits of a core mask. Masks hold zero or one core almost always:
+/// those skip the population count (a long sequence without `popcnt`).
+#[inline]
+pub(crate) fn ones(m: u64) -> u64 {
+    if m & m.wrapping_sub(1) == 0 {
+        (m != 0) as u64
+    } else {
+        m.count_ones() as u64
+    }
+}
+
 fn dec_pcam(l2: &mut Cache<L2Line>, block: u64) {
     if let Some(i) = l2.lookup(block) {
         l2.meta[i].pcam = l2.meta[i].pcam.saturating_sub(1);
@@ -510,7 +521,7 @@ impl MemSystem {
             self.stats.memory_writebacks += 1;
         }
         if self.net.is_directory() {
-            self.stats.directory_messages += 2 * (i_mask | d_mask).count_ones() as u64;
+            self.stats.directory_messages += 2 * ones(i_mask | d_mask);
         }
         self.l2.clear(v);
     }
@@ -799,7 +810,7 @@ impl MemSystem {
             }
         }
         self.l2.meta[l2i].dir &= !targets;
-        self.stats.invalidations_sent += targets.count_ones() as u64;
+        self.stats.invalidations_sent += ones(targets);
         targets
     }
 
