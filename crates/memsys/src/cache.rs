@@ -165,6 +165,25 @@ impl<M> Cache<M> {
         self.touch(line);
     }
 
+    /// Hints the host to fetch `block`'s set record and its lines'
+    /// payloads (what a lookup, then a hit or a replacement, reads).
+    #[inline]
+    pub fn prefetch_set(&self, block: u64) {
+        let base = self.set_base(block);
+        prefetch(&self.words[self.off + 2 * base]);
+        for m in &self.meta[base..base + self.ways] {
+            prefetch(m);
+        }
+    }
+
+    /// Hints the host to fetch `line`'s payload.
+    #[inline]
+    pub fn prefetch_meta(&self, line: usize) {
+        if let Some(m) = self.meta.get(line) {
+            prefetch(m);
+        }
+    }
+
     pub fn lines(&self) -> usize {
         self.meta.len()
     }
@@ -178,6 +197,21 @@ impl<M: Default> Cache<M> {
         self.words[i] = INVALID;
         self.meta[line] = M::default();
     }
+}
+
+/// Asks the host to bring `r`'s cache line closer: a hint only, it changes
+/// nothing the program can observe.
+#[inline(always)]
+pub(crate) fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees;
+    // SSE is part of the x86-64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
 }
 
 /// The way of a full set record (tag, stamp pairs) with the least stamp,

@@ -597,6 +597,18 @@ impl MemSystem {
                 self.stats.stores += 1;
             }
         }
+        // Host prefetches, before the dependent work: the block's L2 set and
+        // memory version, and the L2 line of the L1 line a fill would
+        // replace (a guess: a recall may yet empty a way of the set).
+        self.l2.prefetch_set(block);
+        if cur.is_none() {
+            self.mem_versions.prefetch(block);
+            let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
+            let v = l1.victim(block);
+            if l1.tag(v) != INVALID {
+                self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+            }
+        }
         let bit = 1u64 << c;
         let cur_state = cur.map_or(State::I, |l| {
             if icache {
