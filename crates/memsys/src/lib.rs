@@ -760,7 +760,19 @@ impl MemSystem {
         if is_store {
             self.after_store(c, block, pa, l2i, probes);
         }
+        self.prefetch_next(c, icache, block + 1);
         lat
+    }
+
+    /// Host prefetches for the block a sequential stream touches next
+    /// (hints only): by the time this core asks for it, its L1 and L2 sets
+    /// and its memory version are close at hand.
+    #[inline]
+    fn prefetch_next(&self, c: usize, icache: bool, next: u64) {
+        let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
+        l1.prefetch_set(next);
+        self.l2.prefetch_set(next);
+        self.mem_versions.prefetch(next);
     }
 
     /// An ownership request by `c`: snooping reaches every other core's
