@@ -760,19 +760,28 @@ impl MemSystem {
         if is_store {
             self.after_store(c, block, pa, l2i, probes);
         }
-        self.prefetch_next(c, icache, block + 1);
+        self.prefetch_next(c, icache, block);
         lat
     }
 
-    /// Host prefetches for the block a sequential stream touches next
-    /// (hints only): by the time this core asks for it, its L1 and L2 sets
-    /// and its memory version are close at hand.
+    /// Host prefetches for the blocks a sequential stream touches next
+    /// (hints only): by the time this core asks for them, their L1 and L2
+    /// sets, their memory versions and the L2 line of the L1 line the next
+    /// fill would replace are close at hand. Two blocks ahead for what is
+    /// found by address; one ahead for the replaced line's L2 line, read
+    /// from the L1 set the previous call fetched.
     #[inline]
-    fn prefetch_next(&self, c: usize, icache: bool, next: u64) {
+    fn prefetch_next(&self, c: usize, icache: bool, block: u64) {
         let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
-        l1.prefetch_set(next);
-        self.l2.prefetch_set(next);
-        self.mem_versions.prefetch(next);
+        for next in [block + 1, block + 2] {
+            l1.prefetch_set(next);
+            self.l2.prefetch_set(next);
+            self.mem_versions.prefetch(next);
+        }
+        let v = l1.victim(block + 1);
+        if l1.tag(v) != INVALID {
+            self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+        }
     }
 
     /// An ownership request by `c`: snooping reaches every other core's
