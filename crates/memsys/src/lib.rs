@@ -607,6 +607,8 @@ impl MemSystem {
             let v = l1.victim(block);
             if l1.tag(v) != INVALID {
                 self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+                // a dirty victim asks its core's PCAMs for the keep bit
+                self.pcams[c].prefetch(l1.tag(v));
             }
         }
         let bit = 1u64 << c;
@@ -781,6 +783,7 @@ impl MemSystem {
         let v = l1.victim(block + 1);
         if l1.tag(v) != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+            self.pcams[c].prefetch(l1.tag(v));
         }
     }
 
