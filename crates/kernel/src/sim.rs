@@ -1190,6 +1190,10 @@ fn run_batch<const MEM: bool>(
         match translate::<MEM>(w, cpu, tid, va, store) {
             Ok(pfn) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
+                if MEM && off + refs.stride < PAGE_SIZE {
+                    // the next reference of a sweep, while the caches work
+                    w.mem.prefetch(pfn, off + refs.stride);
+                }
                 if w.mem.is_data(pfn) {
                     match refs.kind {
                         RefKind::Load => last_load = w.mem.load(pfn, off),

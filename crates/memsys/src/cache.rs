@@ -6,61 +6,118 @@
 //!
 //! The set index is the low bits of the block address. Tags are whole block
 //! addresses; `INVALID` marks an empty way, so a lookup is a compare per way.
+//!
+//! Host layout: each line's tag and LRU stamp are a pair of words, and a
+//! set's pairs are contiguous and aligned to 64 bytes, so a lookup and the
+//! victim choice that may follow read one host cache line (4 ways).
+//! Payloads are a separate array indexed by line (`set × ways + way`).
 
 use crate::config::CacheConfig;
 
 pub const INVALID: u64 = u64::MAX;
 
-#[derive(Clone, Debug)]
+/// Host cache line, in u64 words.
+const HOST_LINE_WORDS: usize = 8;
+
+#[derive(Debug)]
 pub struct Cache<M> {
     ways: usize,
     set_mask: u64,
-    tags: Vec<u64>,
-    lru: Vec<u64>,
+    /// Per line: (tag, LRU stamp), from `words[off..]`.
+    words: Vec<u64>,
+    /// Offset (in words) aligning the first set record to 64 bytes.
+    off: usize,
     pub meta: Vec<M>,
     clock: u64,
     pub latency: u64,
+}
+
+/// The word offset that puts `v[off]` on a 64-byte boundary.
+fn align_off(v: &[u64]) -> usize {
+    let addr = v.as_ptr() as usize;
+    (64 - addr % 64) % 64 / 8
+}
+
+impl<M: Clone> Clone for Cache<M> {
+    fn clone(&self) -> Self {
+        // The clone's allocation has its own alignment: recompute the offset.
+        let n = self.meta.len() * 2;
+        let mut words = vec![0; n + HOST_LINE_WORDS - 1];
+        let off = align_off(&words);
+        words[off..off + n].copy_from_slice(&self.words[self.off..self.off + n]);
+        Cache {
+            ways: self.ways,
+            set_mask: self.set_mask,
+            words,
+            off,
+            meta: self.meta.clone(),
+            clock: self.clock,
+            latency: self.latency,
+        }
+    }
 }
 
 impl<M: Clone + Default> Cache<M> {
     /// `cfg` must have been validated.
     pub fn new(cfg: &CacheConfig) -> Cache<M> {
         let sets = cfg.sets() as usize;
-        let n = sets * cfg.ways as usize;
+        let ways = cfg.ways as usize;
+        let n = sets * ways;
+        let mut words = vec![0; 2 * n + HOST_LINE_WORDS - 1];
+        let off = align_off(&words);
+        for line in 0..n {
+            words[off + 2 * line] = INVALID;
+        }
         Cache {
-            ways: cfg.ways as usize,
+            ways,
             set_mask: sets as u64 - 1,
-            tags: vec![INVALID; n],
-            lru: vec![0; n],
+            words,
+            off,
             meta: vec![M::default(); n],
             clock: 0,
             latency: cfg.latency_cycles,
         }
     }
+}
 
+impl<M> Cache<M> {
+    /// First line of `block`'s set.
     #[inline]
     fn set_base(&self, block: u64) -> usize {
         (block & self.set_mask) as usize * self.ways
+    }
+
+    /// The (tag, stamp) pairs of the set whose first line is `base`.
+    #[inline]
+    fn record(&self, base: usize) -> &[u64] {
+        let r = self.off + 2 * base;
+        &self.words[r..r + 2 * self.ways]
+    }
+
+    /// Word index of `line`'s tag (its stamp is the next word).
+    #[inline]
+    fn tag_word(&self, line: usize) -> usize {
+        self.off + 2 * line
     }
 
     /// The line holding `block`, if any.
     #[inline]
     pub fn lookup(&self, block: u64) -> Option<usize> {
         let base = self.set_base(block);
-        let set = &self.tags[base..base + self.ways];
-        set.iter().position(|&t| t == block).map(|w| base + w)
+        position(self.record(base), block).map(|w| base + w)
     }
 
     /// Marks `line` most recently used.
     #[inline]
     pub fn touch(&mut self, line: usize) {
         self.clock += 1;
-        self.lru[line] = self.clock;
+        let i = self.tag_word(line) + 1;
+        self.words[i] = self.clock;
     }
 
     #[inline]
     pub fn tag(&self, line: usize) -> u64 {
-        self.tags[line]
+        self.words[self.tag_word(line)]
     }
 
     /// The line `block` would replace: an empty way, else the LRU one
@@ -68,16 +125,15 @@ impl<M: Clone + Default> Cache<M> {
     #[inline]
     pub fn victim_where(&self, block: u64, usable: impl Fn(&M) -> bool) -> usize {
         let base = self.set_base(block);
-        let tags = &self.tags[base..base + self.ways];
-        if let Some(w) = tags.iter().position(|&t| t == INVALID) {
+        let rec = self.record(base);
+        if let Some(w) = position(rec, INVALID) {
             return base + w;
         }
         // The first least recent way among the usable ones, else overall
         // (stamps are distinct: every valid line was touched when filled).
-        let lru = &self.lru[base..base + self.ways];
         let mut best: Option<(u64, usize)> = None;
         let mut any = (u64::MAX, 0);
-        for (w, &stamp) in lru.iter().enumerate() {
+        for (w, &stamp) in rec.chunks_exact(2).map(|p| &p[1]).enumerate() {
             if stamp < any.0 {
                 any = (stamp, w);
             }
@@ -92,38 +148,106 @@ impl<M: Clone + Default> Cache<M> {
     #[inline]
     pub fn victim(&self, block: u64) -> usize {
         let base = self.set_base(block);
-        let tags = &self.tags[base..base + self.ways];
-        let lru = &self.lru[base..base + self.ways];
-        let mut any = (u64::MAX, 0);
-        for (w, (&t, &stamp)) in tags.iter().zip(lru).enumerate() {
-            if t == INVALID {
-                return base + w;
-            }
-            if stamp < any.0 {
-                any = (stamp, w);
-            }
+        let rec = self.record(base);
+        if let Some(w) = position(rec, INVALID) {
+            return base + w;
         }
-        base + any.1
+        // Stamps of valid lines are distinct, so the minimum is unique.
+        base + lru_way(rec)
     }
 
     /// Installs `block` in `line` (the caller has dealt with the old content).
     #[inline]
     pub fn fill(&mut self, line: usize, block: u64, meta: M) {
-        self.tags[line] = block;
+        let i = self.tag_word(line);
+        self.words[i] = block;
         self.meta[line] = meta;
         self.touch(line);
     }
 
-    /// Empties `line`.
+    /// Hints the host to fetch `block`'s set record and its lines'
+    /// payloads (what a lookup, then a hit or a replacement, reads).
     #[inline]
-    pub fn clear(&mut self, line: usize) {
-        self.tags[line] = INVALID;
-        self.meta[line] = M::default();
+    pub fn prefetch_set(&self, block: u64) {
+        let base = self.set_base(block);
+        prefetch(&self.words[self.off + 2 * base]);
+        for m in &self.meta[base..base + self.ways] {
+            prefetch(m);
+        }
+    }
+
+    /// Hints the host to fetch `line`'s payload.
+    #[inline]
+    pub fn prefetch_meta(&self, line: usize) {
+        if let Some(m) = self.meta.get(line) {
+            prefetch(m);
+        }
     }
 
     pub fn lines(&self) -> usize {
-        self.tags.len()
+        self.meta.len()
     }
+}
+
+impl<M: Default> Cache<M> {
+    /// Empties `line`.
+    #[inline]
+    pub fn clear(&mut self, line: usize) {
+        let i = self.tag_word(line);
+        self.words[i] = INVALID;
+        self.meta[line] = M::default();
+    }
+}
+
+/// Asks the host to bring `r`'s cache line closer: a hint only, it changes
+/// nothing the program can observe.
+#[inline(always)]
+pub(crate) fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees;
+    // SSE is part of the x86-64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
+
+/// The way of a full set record (tag, stamp pairs) with the least stamp,
+/// the first one on a tie.
+#[inline]
+fn lru_way(rec: &[u64]) -> usize {
+    if let Ok(r) = <&[u64; 8]>::try_from(rec) {
+        let (mut w, mut s) = (0, r[1]);
+        for (i, t) in [(1, r[3]), (2, r[5]), (3, r[7])] {
+            if t < s {
+                (w, s) = (i, t);
+            }
+        }
+        return w;
+    }
+    let mut any = (u64::MAX, 0);
+    for (w, p) in rec.chunks_exact(2).enumerate() {
+        if p[1] < any.0 {
+            any = (p[1], w);
+        }
+    }
+    any.1
+}
+
+/// The first way of a set record (tag, stamp pairs) whose tag is `x`.
+/// Four ways (every preset) compare all at once, without a branch per way.
+#[inline]
+fn position(rec: &[u64], x: u64) -> Option<usize> {
+    if let Ok(t) = <&[u64; 8]>::try_from(rec) {
+        let m = (t[0] == x) as u32
+            | ((t[2] == x) as u32) << 1
+            | ((t[4] == x) as u32) << 2
+            | ((t[6] == x) as u32) << 3;
+        return (m != 0).then(|| m.trailing_zeros() as usize);
+    }
+    rec.chunks_exact(2).position(|p| p[0] == x)
 }
 
 #[cfg(test)]
@@ -167,5 +291,34 @@ mod tests {
         // a is LRU but not usable
         assert_eq!(c.victim_where(8, |m| *m == 0), b);
         assert_eq!(c.victim_where(8, |m| *m == 9), a, "falls back to LRU");
+    }
+
+    #[test]
+    fn four_ways_aligned_and_cloned() {
+        let mut c: Cache<u8> = Cache::new(&CacheConfig {
+            size_bytes: 8 * 4 * 64,
+            ways: 4,
+            block_bytes: 64,
+            latency_cycles: 1,
+        });
+        assert_eq!((c.words[c.off..].as_ptr() as usize) % 64, 0);
+        // blocks 0, 8, 16, 24, 32 map to set 0 of 8 sets
+        for b in [0, 8, 16, 24] {
+            let l = c.victim(b);
+            assert_eq!(c.tag(l), INVALID);
+            c.fill(l, b, b as u8);
+        }
+        assert_eq!(c.lookup(3), None);
+        c.touch(c.lookup(0).unwrap());
+        let v = c.victim(32);
+        assert_eq!(c.tag(v), 8, "block 8 is LRU");
+        let d = c.clone();
+        assert_eq!((d.words[d.off..].as_ptr() as usize) % 64, 0);
+        for b in [0, 8, 16, 24] {
+            assert_eq!(d.lookup(b), c.lookup(b));
+            assert_eq!(d.meta[d.lookup(b).unwrap()], b as u8);
+        }
+        assert_eq!(d.victim(32), v);
+        assert_eq!(c.lookup(9), None, "other sets stay empty");
     }
 }

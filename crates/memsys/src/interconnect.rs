@@ -73,10 +73,12 @@ impl Network {
             Network::Directory { mesh, hop, dir } => {
                 let c = t.requester as u64;
                 let h = mesh.home(t.block);
-                let req = mesh.hops(c, h) * hop + dir;
+                // XY hops are symmetric: home → requester is the same path
+                let to_home = mesh.hops(c, h) * hop;
+                let req = to_home + dir;
                 let data = match t.data {
                     DataSource::None => 0,
-                    DataSource::L2 { mem_cycles } => l2 + mem_cycles + mesh.hops(h, c) * hop,
+                    DataSource::L2 { mem_cycles } => l2 + mem_cycles + to_home,
                     DataSource::Owner(o) => {
                         let o = o as u64;
                         mesh.hops(h, o) * hop + l1 + mesh.hops(o, c) * hop
@@ -90,7 +92,7 @@ impl Network {
                     inv = inv.max(mesh.hops(h, s) * hop + l1 + mesh.hops(s, c) * hop);
                 }
                 let grant = if t.data == DataSource::None && t.invalidated == 0 {
-                    mesh.hops(h, c) * hop
+                    to_home
                 } else {
                     0
                 };
@@ -111,7 +113,7 @@ impl Network {
             // one broadcast, the data reply
             Network::Snooping { .. } => 1 + data.min(1),
             Network::Directory { .. } => {
-                let invs = 2 * t.invalidated.count_ones() as u64;
+                let invs = 2 * crate::ones(t.invalidated);
                 let grant = u64::from(t.data == DataSource::None && t.invalidated == 0);
                 1 + data + invs + grant
             }

@@ -194,6 +194,17 @@ fn bits(mut m: u64) -> impl Iterator<Item = usize> {
     })
 }
 
+/// Set bits of a core mask. Masks hold zero or one core almost always:
+/// those skip the population count (a long sequence without `popcnt`).
+#[inline]
+pub(crate) fn ones(m: u64) -> u64 {
+    if m & m.wrapping_sub(1) == 0 {
+        (m != 0) as u64
+    } else {
+        m.count_ones() as u64
+    }
+}
+
 fn dec_pcam(l2: &mut Cache<L2Line>, block: u64) {
     if let Some(i) = l2.lookup(block) {
         l2.meta[i].pcam = l2.meta[i].pcam.saturating_sub(1);
@@ -510,7 +521,7 @@ impl MemSystem {
             self.stats.memory_writebacks += 1;
         }
         if self.net.is_directory() {
-            self.stats.directory_messages += 2 * (i_mask | d_mask).count_ones() as u64;
+            self.stats.directory_messages += 2 * ones(i_mask | d_mask);
         }
         self.l2.clear(v);
     }
@@ -584,6 +595,20 @@ impl MemSystem {
             AccessKind::Store => {
                 self.stats.l1d_misses += 1;
                 self.stats.stores += 1;
+            }
+        }
+        // Host prefetches, before the dependent work: the block's L2 set and
+        // memory version, and the L2 line of the L1 line a fill would
+        // replace (a guess: a recall may yet empty a way of the set).
+        self.l2.prefetch_set(block);
+        if cur.is_none() {
+            self.mem_versions.prefetch(block);
+            let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
+            let v = l1.victim(block);
+            if l1.tag(v) != INVALID {
+                self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+                // a dirty victim asks its core's PCAMs for the keep bit
+                self.pcams[c].prefetch(l1.tag(v));
             }
         }
         let bit = 1u64 << c;
@@ -737,7 +762,29 @@ impl MemSystem {
         if is_store {
             self.after_store(c, block, pa, l2i, probes);
         }
+        self.prefetch_next(c, icache, block);
         lat
+    }
+
+    /// Host prefetches for the blocks a sequential stream touches next
+    /// (hints only): by the time this core asks for them, their L1 and L2
+    /// sets, their memory versions and the L2 line of the L1 line the next
+    /// fill would replace are close at hand. Two blocks ahead for what is
+    /// found by address; one ahead for the replaced line's L2 line, read
+    /// from the L1 set the previous call fetched.
+    #[inline]
+    fn prefetch_next(&self, c: usize, icache: bool, block: u64) {
+        let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
+        for next in [block + 1, block + 2] {
+            l1.prefetch_set(next);
+            self.l2.prefetch_set(next);
+            self.mem_versions.prefetch(next);
+        }
+        let v = l1.victim(block + 1);
+        if l1.tag(v) != INVALID {
+            self.l2.prefetch_meta(l1.meta[v].l2 as usize);
+            self.pcams[c].prefetch(l1.tag(v));
+        }
     }
 
     /// An ownership request by `c`: snooping reaches every other core's
@@ -799,7 +846,7 @@ impl MemSystem {
             }
         }
         self.l2.meta[l2i].dir &= !targets;
-        self.stats.invalidations_sent += targets.count_ones() as u64;
+        self.stats.invalidations_sent += ones(targets);
         targets
     }
 

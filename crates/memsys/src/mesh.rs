@@ -8,12 +8,23 @@
 pub struct Mesh {
     pub cols: u64,
     pub rows: u64,
+    /// Precomputed for the hot path (every miss prices its transaction):
+    /// `log2 cols` when `cols` is a power of two (the usual square meshes:
+    /// no division), and `cols × rows - 1` when the tile count is one.
+    col_shift: Option<u32>,
+    tile_mask: Option<u64>,
 }
 
 impl Mesh {
     pub fn new(cols: u64, rows: u64) -> Mesh {
         assert!(cols > 0 && rows > 0);
-        Mesh { cols, rows }
+        let tiles = cols * rows;
+        Mesh {
+            cols,
+            rows,
+            col_shift: cols.is_power_of_two().then(|| cols.trailing_zeros()),
+            tile_mask: tiles.is_power_of_two().then(|| tiles - 1),
+        }
     }
 
     pub fn tiles(&self) -> u64 {
@@ -23,26 +34,24 @@ impl Mesh {
     /// Home tile of a block address.
     #[inline]
     pub fn home(&self, block: u64) -> u64 {
-        let t = self.tiles();
-        if t.is_power_of_two() {
-            block & (t - 1)
-        } else {
-            block % t
+        match self.tile_mask {
+            Some(m) => block & m,
+            None => block % self.tiles(),
         }
     }
 
     /// XY-routing hops between two tiles.
     #[inline]
     pub fn hops(&self, a: u64, b: u64) -> u64 {
-        let ((ax, ay), (bx, by)) = if self.cols.is_power_of_two() {
-            // the usual square meshes: no division
-            let (s, m) = (self.cols.trailing_zeros(), self.cols - 1);
-            ((a & m, a >> s), (b & m, b >> s))
-        } else {
-            (
+        let ((ax, ay), (bx, by)) = match self.col_shift {
+            Some(s) => {
+                let m = self.cols - 1;
+                ((a & m, a >> s), (b & m, b >> s))
+            }
+            None => (
                 (a % self.cols, a / self.cols),
                 (b % self.cols, b / self.cols),
-            )
+            ),
         };
         ax.abs_diff(bx) + ay.abs_diff(by)
     }

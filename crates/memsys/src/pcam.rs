@@ -139,6 +139,13 @@ impl PcamBank {
         self.counts[bucket(block)] != 0 && self.blocks.contains(&block)
     }
 
+    /// Hints the host to fetch what `contains(block)` reads first (see
+    /// `cache::prefetch`).
+    #[inline]
+    pub fn prefetch(&self, block: u64) {
+        crate::cache::prefetch(&self.counts[bucket(block)]);
+    }
+
     /// Fig. 6b: invalidates every entry holding `block`, pushing a probe for
     /// each. `store_pa` is the stored address (None for an L2 recall), used
     /// to count false invalidations at PTE granularity.

@@ -39,6 +39,17 @@ impl Versions {
         }
     }
 
+    /// Hints the host to fetch `block`'s entry (see `cache::prefetch`).
+    #[inline]
+    pub fn prefetch(&self, block: u64) {
+        let p = block >> PAGE_BITS;
+        if p < DENSE_PAGES
+            && let Some(Some(page)) = self.pages.get(p as usize)
+        {
+            crate::cache::prefetch(&page[(block as usize) & (PAGE - 1)]);
+        }
+    }
+
     /// Records `version` (non-zero) for `block`.
     #[inline]
     pub fn set(&mut self, block: u64, version: u64) {
