@@ -52,10 +52,15 @@ fn hat_lock_per_page_table_cuts_hat_contention_among_one_process_lwps() {
     // Loads of translations collide at the HAT lock only when faults are
     // short next to its hold (balan92: "the lock hold time during loading
     // of a translation will again be very small"): the zero fill and most
-    // of the trap are left out here so that the LWPs' loads overlap.
+    // of the trap are left out here so that the LWPs' loads overlap. The
+    // global page-hash lock, taken just before, staggers the faults by its
+    // hold (one lock_cycles): the loads overlap only when the HAT lock is
+    // held longer than that, so the PTE write is made long here (a load's
+    // hold with the preset, 104 cycles, is about the hash lock's).
     let sets = [
         "costs.zero_fill_cycles=0".to_string(),
         "costs.fault_cycles=100".to_string(),
+        "costs.pte_write_cycles=200".to_string(),
     ];
     for seed in 1..=6 {
         let on = faults_one_process_with("svr42", true, 1024, seed, &sets);
@@ -131,4 +136,50 @@ fn bad_hat_lock_per_pt_value_names_its_key() {
                 [workload]\nkind = \"fault-storm\"\nprocesses = 1\nthreads = 1\n";
     let e = Spec::parse(text, &[], "t").expect_err("a number is not a bool");
     assert!(e.to_string().contains("hat_lock_per_pt"), "{e}");
+}
+
+/// The page-hash lock (balan92 §Locking Design) is taken, with the SVR4.2
+/// VM locks only, around every fault's lookup by identity; nothing but a
+/// new page's sleep lock (which cannot wait) is ever taken under it; and
+/// faults in different address spaces contend on it while their segment
+/// and HAT locks are never contended (§Analysis).
+#[test]
+fn the_page_hash_lock_is_taken_by_faults_and_is_a_leaf() {
+    let spec = |protocol: &str| {
+        let text = format!(
+            "protocol = \"{protocol}\"\npreset = \"sequent-symmetry-1992\"\n\
+             [machine]\ncpus = 4\n\
+             [workload]\nkind = \"fault-storm\"\nprocesses = 4\nthreads = 1\npages = 16\nrounds = 6\n"
+        );
+        Spec::parse(&text, &[], "test").expect("valid spec")
+    };
+    let mut contended = 0;
+    for seed in 1..=3 {
+        let out = run_seed(&spec("svr42"), seed);
+        assert_eq!(out.sim.oracle.violations, 0);
+        let c = &out.sim.counters;
+        assert_eq!(c.get("lockorder.violations"), 0, "seed {seed}");
+        assert!(
+            c.get("lock.page_hash.acquired") >= c.get("vm.faults"),
+            "seed {seed}: {} page-hash acquisitions, {} faults",
+            c.get("lock.page_hash.acquired"),
+            c.get("vm.faults")
+        );
+        // A leaf: the only acquisitions under it are new pages' sleep
+        // locks, one per page created (zero fill or copy).
+        assert_eq!(
+            c.get("lockorder.new_page_under_page_hash"),
+            c.get("vm.zero_fills") + c.get("vm.cow_copies"),
+            "seed {seed}"
+        );
+        assert_eq!(c.get("lock.segment.contended"), 0, "seed {seed}");
+        assert_eq!(c.get("lock.hat.contended"), 0, "seed {seed}");
+        contended += c.get("lock.page_hash.contended");
+        let mach = run_seed(&spec("mach"), seed);
+        assert_eq!(mach.sim.counters.get("lock.page_hash.acquired"), 0);
+    }
+    assert!(
+        contended > 0,
+        "the global page-hash lock was never contended"
+    );
 }

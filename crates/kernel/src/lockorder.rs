@@ -17,6 +17,7 @@
 //! | 6    | shootdown  | spin  | the global shootdown lock                           |
 //! | 7    | anon       | spin  | the anon layer's reservation lock                   |
 //! | 8    | swap       | spin  | the swap layer's reservation lock                   |
+//! | 9    | page_hash  | spin  | the page layer's global page-hash lock (a leaf)     |
 //!
 //! Where the paper gives no rank. The driver lock is a segment-layer spin
 //! lock: below HAT (segmap's lock is never held into the HAT), above the
@@ -27,6 +28,21 @@
 //! would be very small") are taken by fork while it copies a segment and
 //! nothing is acquired under them: leaves, ranked above everything, anon
 //! before swap (an anon reservation is backed by a swap reservation).
+//!
+//! The page-hash lock (§Locking Design: "A global spin lock in the page
+//! layer for protecting the page hash chains"; §Analysis: "the lock hold
+//! time for this lock is very low") guards finding a page by identity
+//! (object and offset, a file page by file and offset) and inserting or
+//! removing one. It is a leaf: nothing that can wait is taken under it,
+//! and it ranks above every class, so that any lock may be held when it
+//! is taken (a fault holds its segment lock, a copy-on-write break the old
+//! page's sleep lock) and a blocking acquisition under it is a
+//! violation. The one acquisition made under it is a new page's sleep
+//! lock at the instant the page enters the hash (`Sim::sleep_lock_new_page`,
+//! SVR4's page created locked), which cannot wait; it is exempt like a
+//! try-lock (below) and counted in `lockorder.new_page_under_page_hash`.
+//! One global lock, as the paper has, not hash buckets: the §Analysis
+//! claim is about that one lock's contention across address spaces.
 //!
 //! Acquiring a lock of a lower rank than one already held is an order
 //! violation, counted as `lockorder.violations` (with the first one
@@ -88,6 +104,7 @@ pub enum LockClass {
     Shootdown = 6,
     AnonResv = 7,
     SwapResv = 8,
+    PageHash = 9,
 }
 
 impl LockClass {
@@ -101,6 +118,7 @@ impl LockClass {
             LockClass::Shootdown => "shootdown",
             LockClass::AnonResv => "anon",
             LockClass::SwapResv => "swap",
+            LockClass::PageHash => "page_hash",
         }
     }
 
@@ -247,6 +265,12 @@ impl Sim {
             .find(|&&(h, c)| c > class || (c == class && !same_class_ok(h)))
             .copied();
         if bad.is_some() && try_lock {
+            let under_hash = lo.held[cpu.index()]
+                .iter()
+                .any(|&(_, c)| c == LockClass::PageHash);
+            if under_hash && matches!(l, LockRef::Sleep(_)) {
+                w.counters.add("lockorder.new_page_under_page_hash", 1);
+            }
             w.counters.add("lockorder.trylock_out_of_order", 1);
         } else if let Some((h, hc)) = bad {
             lo.violations += 1;
@@ -353,6 +377,9 @@ mod tests {
         assert!(LockClass::PageSpin < LockClass::Shootdown);
         assert!(LockClass::Shootdown < LockClass::AnonResv);
         assert!(LockClass::AnonResv < LockClass::SwapResv);
+        // The page-hash lock is a leaf: it ranks above every other class.
+        assert!(LockClass::SwapResv < LockClass::PageHash);
+        assert!(!LockClass::PageHash.sleeps());
         assert!(LockClass::Segment.sleeps() && LockClass::PageSleep.sleeps());
         assert!(!LockClass::Hat.sleeps() && !LockClass::PageSpin.sleeps());
     }

@@ -334,9 +334,15 @@ impl Sim {
         };
         for i in 0..pages {
             let key = (file, first_page + i);
+            // The file page found by identity (file, offset), or created
+            // and inserted, in one hold of the page-hash lock (SVR4.2).
+            let hash = self.page_hash_enter(cpu).await;
             let cached = self.w().segmap.cache.get(&key).copied();
             let pfn = match cached {
-                Some(f) => f,
+                Some(f) => {
+                    self.page_hash_exit(cpu, hash).await;
+                    f
+                }
                 None => {
                     let f = self
                         .w()
@@ -344,6 +350,7 @@ impl Sim {
                         .alloc_data()
                         .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
                     self.w().segmap.cache.insert(key, f);
+                    self.page_hash_exit(cpu, hash).await;
                     self.count("segmap.page_cache_fills", 1);
                     let c = self.costs().zero_fill_cycles;
                     self.delay(cpu, Cycles(c)).await;

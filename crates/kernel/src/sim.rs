@@ -188,6 +188,8 @@ pub struct World {
     pub page_locks: crate::sleeplock::PageLocks,
     /// The anon and swap layers' reservation spin locks, once used.
     pub resv_locks: Option<(usize, usize)>,
+    /// The page layer's global page-hash spin lock, once used.
+    pub page_hash_lock: Option<usize>,
     /// Per-CPU level-1 directories (balan92 §Background, i386): when the
     /// protocol turns them on, each CPU's walker starts at its own
     /// directory frame (see `Sim::enable_percpu_l1`).
@@ -385,6 +387,7 @@ impl Sim {
             sleep_locks: Vec::new(),
             page_locks: Default::default(),
             resv_locks: None,
+            page_hash_lock: None,
             percpu_l1: None,
             segkmem: crate::segkmem::Segkmem::new(
                 (KERNEL_BASE >> PAGE_SHIFT) + 0x100,

@@ -88,6 +88,34 @@ impl Sim {
         (spin, sleep)
     }
 
+    /// With the SVR4.2 VM locks (`Protocol::svr4_vm_locks`), takes the
+    /// page layer's global page-hash spin lock (balan92 §Locking Design:
+    /// "A global spin lock in the page layer for protecting the page hash
+    /// chains"; a leaf, see `lockorder`) and returns it; else None and
+    /// nothing is taken. Held around finding a page by identity and
+    /// inserting or removing one; release with [`Sim::page_hash_exit`].
+    pub async fn page_hash_enter(&self, cpu: CpuId) -> Option<usize> {
+        if !self.protocol().svr4_vm_locks() {
+            return None;
+        }
+        let existing = self.w().page_hash_lock;
+        let l = existing.unwrap_or_else(|| {
+            let l = self.new_lock();
+            self.set_lock_class(l, LockClass::PageHash);
+            self.w().page_hash_lock = Some(l);
+            l
+        });
+        self.lock(cpu, l).await;
+        Some(l)
+    }
+
+    /// Releases what [`Sim::page_hash_enter`] took.
+    pub async fn page_hash_exit(&self, cpu: CpuId, held: Option<usize>) {
+        if let Some(l) = held {
+            self.unlock(cpu, l).await;
+        }
+    }
+
     /// True when `cpu` holds sleep lock `id` (either mode).
     pub fn holds_sleep_lock(&self, cpu: CpuId, id: usize) -> bool {
         self.w().sleep_locks[id].holds(cpu)

@@ -191,6 +191,33 @@ impl Sim {
         w.objects.len() as u32 - 1
     }
 
+    /// True when dropping a reference to `obj` (after freeing its pages in
+    /// `unshared` = (offset, pages) if no one else references it) removes
+    /// pages from the page hash: the caller then holds the page-hash lock
+    /// around the removal (SVR4.2), one hold per object.
+    fn removes_pages(&self, obj: u32, unshared: Option<(u64, u64)>) -> bool {
+        let w = self.w();
+        let top = &w.objects[obj as usize];
+        if let Some((offset, pages)) = unshared
+            && top.refs == 1
+            && top.pages.range(offset..offset + pages).next().is_some()
+        {
+            return true;
+        }
+        let mut o = Some(obj);
+        while let Some(id) = o {
+            let ob = &w.objects[id as usize];
+            if ob.refs > 1 {
+                return false;
+            }
+            if !ob.pages.is_empty() {
+                return true;
+            }
+            o = ob.backing;
+        }
+        false
+    }
+
     /// Drops a reference to an object, freeing its frames when it was the
     /// last one.
     fn release_object(&self, obj: u32) {
@@ -335,13 +362,24 @@ impl Sim {
         // A changed identity restarts the fault (`vm.fault_retries`).
         let svr4 = self.protocol().svr4_vm_locks();
         let writable_for = |top: bool| region.prot == Prot::ReadWrite && top;
+        //
+        // The lookup by identity, and the insert of a new page, are made
+        // under the page-hash lock (SVR4.2; a leaf, `lockorder`), in one
+        // hold when the lookup misses. The re-checks under a page's sleep
+        // lock compare the identity that lock guards ("to ensure that the
+        // page state, identity and data are valid"): no hash lock.
         loop {
+            let hash = self.page_hash_enter(cpu).await;
             let (pfn, top) = match self.lookup_page(region.object, idx) {
-                Some(found) => found,
+                Some(found) => {
+                    self.page_hash_exit(cpu, hash).await;
+                    found
+                }
                 None => {
-                    // Looked up, inserted and (SVR4.2) locked with no wait
-                    // between: two faulters cannot both fill the slot, and
-                    // no one maps the page before it is filled.
+                    // Looked up, inserted and (SVR4.2) locked in one hold
+                    // of the page-hash lock: two faulters cannot both fill
+                    // the slot, and no one maps the page before it is
+                    // filled.
                     let pfn = self
                         .w()
                         .mem
@@ -351,6 +389,7 @@ impl Sim {
                         .pages
                         .insert(idx, pfn);
                     let held = svr4.then(|| self.sleep_lock_new_page(cpu, pfn));
+                    self.page_hash_exit(cpu, hash).await;
                     self.count("vm.zero_fills", 1);
                     self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
                     if let Some(l) = held {
@@ -376,7 +415,9 @@ impl Sim {
                 }
                 // Copy-on-write: copy into the top object, then replace the
                 // read-only mapping of the old frame (a reduction: the frame
-                // changes), then enter the copy.
+                // changes), then enter the copy. The copy enters the hash,
+                // locked, under the page-hash lock.
+                let hash = self.page_hash_enter(cpu).await;
                 let new = {
                     let mut w = self.w();
                     let new = w
@@ -388,6 +429,7 @@ impl Sim {
                     new
                 };
                 let new_lock = svr4.then(|| self.sleep_lock_new_page(cpu, new));
+                self.page_hash_exit(cpu, hash).await;
                 if new_lock.is_some() {
                     self.sleep_lock_guard_cost(cpu).await;
                 }
@@ -629,8 +671,14 @@ impl Sim {
                 .await;
                 for r in regions {
                     self.w().tasks[task.0 as usize].regions.remove(&r.start);
+                    let hash = if self.removes_pages(r.object, Some((r.offset, r.pages))) {
+                        self.page_hash_enter(cpu).await
+                    } else {
+                        None
+                    };
                     self.free_unshared(r.object, r.offset, r.pages);
                     self.release_object(r.object);
+                    self.page_hash_exit(cpu, hash).await;
                 }
                 0
             }
@@ -1002,7 +1050,13 @@ impl Sim {
             .collect();
         self.reduce(cpu, "task exit", &updates).await;
         for r in regions {
+            let hash = if self.removes_pages(r.object, None) {
+                self.page_hash_enter(cpu).await
+            } else {
+                None
+            };
             self.release_object(r.object);
+            self.page_hash_exit(cpu, hash).await;
         }
         let clear = {
             let mut w = self.w();

@@ -688,8 +688,12 @@ impl Svr42 {
     /// entry) and blocks until the HAT lock is released (in this model the
     /// fault blocks on the task's map lock, which the caller holds for the
     /// whole operation). The level-2 edit's time is charged with the L1
-    /// entries cleared; the edit and the restore of the L1 entries then
-    /// happen at one instant.
+    /// entries cleared, then each unloaded PTE's mapping chain is edited
+    /// under its page's spin lock (taken for real, after the shootdown
+    /// lock is released, still under the HAT lock: HAT → page spin →
+    /// shootdown, as in the plain algorithm's step 6); the level-2 edit
+    /// and the restore of the L1 entries then happen at one instant.
+    /// `held`: a page whose spin lock the caller holds (`hat_pageunload`).
     async fn l1_trick(
         &self,
         sim: &Sim,
@@ -697,9 +701,12 @@ impl Svr42 {
         u: Update,
         targets: &[CpuId],
         release: u64,
-        _held: Option<u64>,
+        held: Option<u64>,
     ) {
         let costs = sim.costs();
+        // Read before the level-1 entries are cleared (the walk starts
+        // there).
+        let chains = self.unloaded_pages(sim, &u);
         let (cleared, to_edit, copies_written) = {
             let mut w = sim.w();
             let mut to_edit = 0u64;
@@ -736,18 +743,15 @@ impl Svr42 {
             self.local_flush(sim, me).await;
         }
         sim.unlock(me, self.lock_id()).await;
-        let per_pte = costs.pte_write_cycles
-            + if u.change == Change::Remove {
-                costs.lock_cycles + costs.unlock_cycles
-            } else {
-                0
-            };
         // The level-1 restore, into every copy, is charged with the edit.
         sim.delay(
             me,
-            Cycles(per_pte * to_edit + costs.pte_write_cycles * copies_written),
+            Cycles(costs.pte_write_cycles * (to_edit + copies_written)),
         )
         .await;
+        // The mapping-chain edits of an unload, each under its page's
+        // spin lock (none for a protection change).
+        self.edit_chains(sim, me, &chains, held).await;
         let mut w = sim.w();
         let root = w.pmaps[u.pmap.0 as usize].root;
         for &(i, e) in &cleared {

@@ -210,3 +210,41 @@ fn fork_drops_the_hat_lock_after_each_chunk_when_switched_on() {
     assert_eq!(off.counters.get("svr42.fork.chunk_holds"), 0);
     assert!(on.counters.get("lock.hat.acquired") > off.counters.get("lock.hat.acquired"));
 }
+
+/// The page-hash lock is a leaf of the lock order (balan92 §Locking
+/// Design, "a global spin lock in the page layer for protecting the page
+/// hash chains"): held, any lock that can wait taken under it is a
+/// violation; a new page's sleep lock (it cannot wait) is exempt and
+/// counted; and any lock may be held when it is taken.
+#[test]
+fn the_page_hash_lock_is_a_leaf() {
+    use mmulab_kernel::lockorder::{LockClass, LockRef};
+    let s = sim("svr42", 1, &ProtocolOptions::default());
+    let cpu = CpuId(0);
+    let take = |l: LockRef| {
+        let e = s.lock_enter(cpu, l);
+        s.lock_acquired(cpu, l, e);
+    };
+    let hash = s.new_lock();
+    s.set_lock_class(hash, LockClass::PageHash);
+    let (spin, sleep) = s.page_locks(7);
+    // Under a page sleep lock and a page spin lock: in order.
+    take(LockRef::Sleep(sleep));
+    take(LockRef::Named(spin));
+    take(LockRef::Named(hash));
+    assert_eq!(s.w().lockorder.violations, 0);
+    s.lock_released(cpu, LockRef::Named(spin));
+    s.lock_released(cpu, LockRef::Sleep(sleep));
+    // A new page's sleep lock under it: exempt, counted.
+    let (_, new_sleep) = s.page_locks(8);
+    let e = s.try_lock_enter(cpu, LockRef::Sleep(new_sleep));
+    s.lock_acquired(cpu, LockRef::Sleep(new_sleep), e);
+    s.lock_released(cpu, LockRef::Sleep(new_sleep));
+    assert_eq!(s.w().lockorder.violations, 0);
+    assert_eq!(s.w().counters.get("lockorder.new_page_under_page_hash"), 1);
+    // A blocking acquisition of any other class under it: a violation.
+    take(LockRef::Named(spin));
+    assert_eq!(s.w().lockorder.violations, 1);
+    let first = s.w().lockorder.first.clone().unwrap();
+    assert!(first.contains("page_hash"), "{first}");
+}
