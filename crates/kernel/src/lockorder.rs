@@ -88,7 +88,7 @@
 
 use std::collections::BTreeMap;
 
-use mmulab_engine::Cycles;
+use mmulab_engine::{Counters, Cycles};
 use mmulab_machine::CpuId;
 
 use crate::pmap::PmapId;
@@ -156,6 +156,15 @@ pub struct LockOrder {
 }
 
 impl LockOrder {
+    /// Counts one violation; the first is kept, described.
+    fn violation(&mut self, counters: &mut Counters, describe: impl FnOnce() -> String) {
+        self.violations += 1;
+        if self.first.is_none() {
+            self.first = Some(describe());
+        }
+        counters.add("lockorder.violations", 1);
+    }
+
     pub fn new(cpus: usize) -> LockOrder {
         LockOrder {
             held: vec![Vec::new(); cpus],
@@ -242,6 +251,7 @@ impl Sim {
                 s.writer.is_some() || !s.readers.is_empty()
             }
         };
+        let w = &mut *w;
         let lo = &mut w.lockorder;
         if lo.held.len() <= cpu.index() {
             lo.held.resize(cpu.index() + 1, Vec::new());
@@ -273,15 +283,13 @@ impl Sim {
             }
             w.counters.add("lockorder.trylock_out_of_order", 1);
         } else if let Some((h, hc)) = bad {
-            lo.violations += 1;
-            if lo.first.is_none() {
-                lo.first = Some(format!(
+            lo.violation(&mut w.counters, || {
+                format!(
                     "{cpu} acquires {l:?} ({}) holding {h:?} ({}) at {now}",
                     class.name(),
                     hc.name()
-                ));
-            }
-            w.counters.add("lockorder.violations", 1);
+                )
+            });
         }
         Some((class, busy, now))
     }
@@ -322,14 +330,13 @@ impl Sim {
             .get(cpu.index())
             .and_then(|h| h.iter().find(|&&(_, c)| !c.sleeps()).copied());
         if let Some((h, c)) = held {
-            w.lockorder.violations += 1;
-            if w.lockorder.first.is_none() {
-                w.lockorder.first = Some(format!(
+            let w = &mut *w;
+            w.lockorder.violation(&mut w.counters, || {
+                format!(
                     "{cpu} calls {what} holding spin lock {h:?} ({}) at {now}",
                     c.name()
-                ));
-            }
-            w.counters.add("lockorder.violations", 1);
+                )
+            });
         }
     }
 
@@ -344,12 +351,10 @@ impl Sim {
             .get(cpu.index())
             .is_some_and(|h| h.iter().any(|&(x, _)| x == l));
         if !held {
-            w.lockorder.violations += 1;
-            if w.lockorder.first.is_none() {
-                w.lockorder.first =
-                    Some(format!("{cpu} calls {what} without holding {l:?} at {now}"));
-            }
-            w.counters.add("lockorder.violations", 1);
+            let w = &mut *w;
+            w.lockorder.violation(&mut w.counters, || {
+                format!("{cpu} calls {what} without holding {l:?} at {now}")
+            });
         }
     }
 

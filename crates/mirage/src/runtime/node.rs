@@ -1661,6 +1661,12 @@ impl CoreLoop {
             uffd.wake(page_addr, super::page_size());
             return;
         };
+        self.fault_stamped(id, page.0, write, waiter);
+    }
+
+    /// A typed userfaultfd fault handed to the core, with the bench's
+    /// delivery and request stamps around it.
+    fn fault_stamped(&mut self, id: u32, page: u32, write: bool, waiter: Waiter) {
         let access = if write {
             fault::ACCESS_WRITE
         } else {
@@ -1668,7 +1674,7 @@ impl CoreLoop {
         };
         let st = &self.shared.counters.stamps;
         st.fault_delivered.store(stamp(), Ordering::Relaxed);
-        self.fault_from(id, page.0, access, waiter);
+        self.fault_from(id, page, access, waiter);
         let st = &self.shared.counters.stamps;
         st.request_sent.store(stamp(), Ordering::Relaxed);
     }
@@ -1704,17 +1710,8 @@ impl CoreLoop {
             uffd.wake(page_addr, ps);
             return;
         }
-        let access = if write {
-            fault::ACCESS_WRITE
-        } else {
-            fault::ACCESS_READ
-        };
-        let st = &self.shared.counters.stamps;
-        st.fault_delivered.store(stamp(), Ordering::Relaxed);
         let waiter = Waiter::RemoteUffd(client.clone(), uffd.clone(), page_addr);
-        self.fault_from(id, page.0, access, waiter);
-        let st = &self.shared.counters.stamps;
-        st.request_sent.store(stamp(), Ordering::Relaxed);
+        self.fault_stamped(id, page.0, write, waiter);
     }
 
     /// A program's `REGISTER` of its pending userfaultfd mapping
