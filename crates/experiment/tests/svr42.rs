@@ -127,6 +127,14 @@ fn bad_kernel_values_name_their_key() {
             .to_string();
         assert!(e.starts_with(key), "{set}: {e}");
     }
+    // Offlining the last CPU: a hotplug mix on one CPU could do nothing else.
+    let hot = "protocol = \"svr42\"\n[machine]\ncpus = 1\n[workload]\nkind = \"random\"\nhotplug = true\n";
+    let e = Spec::parse(hot, &[], "t").unwrap_err().to_string();
+    assert!(
+        e.starts_with("workload.hotplug") && e.contains("last CPU"),
+        "{e}"
+    );
+    assert!(Spec::parse(hot, &["machine.cpus=2".into()], "t").is_ok());
 }
 
 #[test]

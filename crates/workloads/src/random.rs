@@ -81,7 +81,14 @@ impl RandomSpec {
     fn default_pages() -> u64 {
         8
     }
-    pub fn validate(&self, _cpus: usize) -> Result<(), String> {
+    pub fn validate(&self, cpus: usize) -> Result<(), String> {
+        if self.hotplug && cpus < 2 {
+            // balan92 hat_offline: the last online CPU never goes offline,
+            // so on one CPU every offline would be the last one's.
+            return Err(format!(
+                "workload.hotplug: offlining the last CPU is refused, and this machine has {cpus} CPU; hotplug needs at least 2 (machine.cpus)"
+            ));
+        }
         if self.tasks == 0 {
             return Err("workload.tasks: must be at least 1".into());
         }
