@@ -380,7 +380,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 "fleisch89" => {
                     let report =
-                        mmulab_mirage::cli::run_reproduce(out.as_deref(), quick, &mut |m| {
+                        mmulab_mirage::cli::run_reproduce(&dir, out.as_deref(), quick, &mut |m| {
                             eprintln!("{m}")
                         })?;
                     print!("{}", report.text);

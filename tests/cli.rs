@@ -656,3 +656,20 @@ fn unitd_spec_errors_exit_2_and_name_the_key() {
         assert!(stderr(&o).contains(key), "{sets:?}: {}", stderr(&o));
     }
 }
+
+/// `--experiments` names where every paper's specs live, fleisch89's too.
+#[test]
+fn reproduce_fleisch89_reads_its_specs_from_experiments() {
+    let out = mmulab(&[
+        "reproduce",
+        "fleisch89",
+        "--experiments",
+        "/nonexistent-mmulab-specs",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent-mmulab-specs/fleisch89/table3.toml"),
+        "{err}"
+    );
+}

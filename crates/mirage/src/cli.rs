@@ -12,12 +12,14 @@ pub struct ReproduceReport {
     pub all_within: bool,
 }
 
+/// `dir` holds the specs (`experiments/fleisch89`, or `--experiments`).
 pub fn run_reproduce(
+    dir: &Path,
     out: Option<&Path>,
     quick: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ReproduceReport, Error> {
-    let table = crate::reproduce::reproduce(quick, out, progress)?;
+    let table = crate::reproduce::reproduce_from(dir, quick, out, progress)?;
     let mut text = table.render();
     text.push('\n');
     text.push_str(&crate::reproduce::pingpong_timeline(0));
@@ -26,12 +28,6 @@ pub fn run_reproduce(
         "\n{within} of {} rows within tolerance\n",
         table.rows.len()
     ));
-    if let Some(dir) = out {
-        text.push_str(&format!(
-            "wrote {}\n",
-            dir.join("reproduce-fleisch89.json").display()
-        ));
-    }
     Ok(ReproduceReport {
         all_within: table.all_within(),
         table,

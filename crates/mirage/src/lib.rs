@@ -73,7 +73,7 @@ pub enum Error {
         key: String,
         message: String,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: String,
         source: std::io::Error,
