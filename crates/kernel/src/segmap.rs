@@ -198,15 +198,17 @@ impl Sim {
         self.w().segmap.lock.expect("allocated")
     }
 
-    /// Unloads a chunk's translations from the kernel pmap as one VM
-    /// operation. Returns the operation when its completion was deferred
-    /// (a lazy protocol: the shutdown at reuse completes it).
-    async fn segmap_unload(&self, cpu: CpuId, chunk: usize) -> Option<OpId> {
-        let (start, pages) = {
-            let w = self.w();
-            (w.segmap.va_of(chunk), w.segmap.chunk_pages)
-        };
-        let op = self.begin_op(cpu, "segmap unload");
+    /// Unloads `pages` kernel pages from `start` as one VM operation named
+    /// `what`. Returns the operation when a lazy protocol deferred its
+    /// completion (the `hat_shutdown` at reuse completes it).
+    pub(crate) async fn kernel_unload(
+        &self,
+        cpu: CpuId,
+        what: &str,
+        start: u64,
+        pages: u64,
+    ) -> Option<OpId> {
+        let op = self.begin_op(cpu, what);
         let p = self.protocol();
         p.update(
             self,
@@ -221,8 +223,20 @@ impl Sim {
         .await;
         let deferred = self.w().oracle.op(op).lazy;
         self.end_op(cpu);
-        self.count("segmap.unloads", 1);
         deferred.then_some(op)
+    }
+
+    /// Unloads a chunk's translations from the kernel pmap as one VM
+    /// operation. Returns the operation when its completion was deferred
+    /// (a lazy protocol: the shutdown at reuse completes it).
+    async fn segmap_unload(&self, cpu: CpuId, chunk: usize) -> Option<OpId> {
+        let (start, pages) = {
+            let w = self.w();
+            (w.segmap.va_of(chunk), w.segmap.chunk_pages)
+        };
+        let op = self.kernel_unload(cpu, "segmap unload", start, pages).await;
+        self.count("segmap.unloads", 1);
+        op
     }
 
     async fn segmap_getmap(&self, cpu: CpuId, file: u32, page: u64) -> u64 {

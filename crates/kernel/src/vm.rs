@@ -817,21 +817,8 @@ impl Sim {
                         .map(|p| p.pfn())
                         .collect()
                 };
-                let op = self.begin_op(cpu, "kmem free");
+                let deferred = self.kernel_unload(cpu, "kmem free", start, pages).await;
                 let p = self.protocol();
-                p.update(
-                    self,
-                    cpu,
-                    Update {
-                        pmap: KERNEL_PMAP,
-                        start: Vpn(start),
-                        pages,
-                        change: Change::Remove,
-                    },
-                )
-                .await;
-                let deferred = self.w().oracle.op(op).lazy;
-                self.end_op(cpu);
                 // balan92 §Lazy Shutdowns: the free sets the zone cookie,
                 // read after the translations were unloaded.
                 let cookie = p.hat_getshootcookie(self);
@@ -841,7 +828,7 @@ impl Sim {
                     w.mem.free(f);
                 }
                 if let Some(c) = cookie {
-                    w.segkmem.free(start, pages, c, deferred.then_some(op));
+                    w.segkmem.free(start, pages, c, deferred);
                 }
                 0
             }
