@@ -614,6 +614,8 @@ fn unitd_check_passes_and_every_broken_variant_is_caught() {
         "unitd-jetty-misses-insert",
         "unitd-ack-before-invalidate",
         "unitd-upper-level-only",
+        "unitd-no-replay",
+        "unitd-swtlb-no-pte-address",
     ] {
         let o = mmulab(&["check", "--protocol", p, "--seeds", "60", "--json"]);
         assert_eq!(o.status.code(), Some(1), "{p} was not caught");

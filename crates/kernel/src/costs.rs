@@ -72,6 +72,11 @@ pub struct Costs {
     /// Read, compare or store one per-CPU TLB cookie or the global
     /// least-recently-flushed cookie (balan92 §Lazy Shutdown Algorithm).
     pub hat_cookie_cycles: u64,
+    /// A software-refilled TLB (`machine.tlb.refill = "software"`): the
+    /// miss handler's trap and instructions, beyond its page-table loads
+    /// (charged like the walker's). Default 16: uhlig94 Table III's Ultrix
+    /// L1U handler.
+    pub tlb_refill_trap_cycles: u64,
 }
 
 impl Default for Costs {
@@ -107,6 +112,7 @@ impl Default for Costs {
             bus_free_users: 12,
             ipi_jitter_cycles: 0,
             hat_cookie_cycles: 5,
+            tlb_refill_trap_cycles: 16,
         }
     }
 }

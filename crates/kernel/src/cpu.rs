@@ -79,6 +79,27 @@ pub struct Cpu {
     pub rng: SimRng,
     /// Last time a user slice started (interrupt latency accounting).
     pub slice_start: Cycles,
+    /// A user access whose miss outlived its slice (romanescu10 §5.1).
+    pub inflight: Option<InFlight>,
+    /// The next access is the replay of a killed one.
+    pub replaying: bool,
+}
+
+/// A user access looked up and sent to the memory system in one slice,
+/// performing at the start of the next one (or before an interrupt is
+/// taken: interrupts are precise). Between the two, other CPUs' events
+/// run; under UNITD one of their PTE stores may invalidate the TLB entry
+/// the access was translated by, and then the access replays its lookup
+/// (§5.1) instead of performing.
+#[derive(Clone, Copy, Debug)]
+pub struct InFlight {
+    /// The D-TLB slot of the translation, and that entry as it was used.
+    pub slot: usize,
+    pub entry: mmulab_machine::TlbEntry,
+    pub va: u64,
+    /// Set when a PCAM hit invalidated `slot` while the access was in
+    /// flight.
+    pub killed: bool,
 }
 
 impl Cpu {
@@ -101,6 +122,8 @@ impl Cpu {
             op: None,
             rng,
             slice_start: Cycles::ZERO,
+            inflight: None,
+            replaying: false,
         }
     }
 

@@ -55,18 +55,39 @@ impl World {
         Cycles(lat)
     }
 
-    /// Invalidates the TLB entries whose PCAM entries matched.
+    /// Invalidates the TLB entries whose PCAM entries matched. An access
+    /// in flight whose translation is invalidated is killed: it must
+    /// replay (§5.1). That includes a recall of the PTE's block from the
+    /// L2: the PCAM entry is gone, so a later store to the PTE would go
+    /// unseen.
     fn apply_probes(&mut self) {
         let mut probes = std::mem::take(&mut self.probes);
         for p in probes.drain(..) {
             debug_assert_eq!(p.tlb, DTLB, "only the D-TLB is filled");
-            let e = self.cpus[p.core].tlb.entry_mut(p.index);
+            let c = &mut self.cpus[p.core];
+            let e = c.tlb.entry_mut(p.index);
             if e.valid {
                 e.valid = false;
                 self.counters.add("unitd.tlb_invalidations", 1);
+                if let Some(f) = c.inflight.as_mut()
+                    && f.slot == p.index
+                {
+                    f.killed = true;
+                }
             }
         }
         self.probes = probes;
+    }
+
+    /// The reductions recorded for `slot` took effect with a PTE store
+    /// just made. Coherent TLB hardware (UNITD, ideal) invalidates every
+    /// copy before the store performs (romanescu10 §5.3.2), so for the
+    /// oracle they complete now, not when the VM operation ends; software
+    /// shootdowns complete them later.
+    pub(crate) fn reduction_stored(&mut self, slot: u32) {
+        if self.memsys.is_some() && !matches!(self.tlb_hw, TlbHardware::Software) {
+            self.oracle.complete_slot(slot);
+        }
     }
 
     /// A PTE store by `cpu` (kernel page-table edit or walker A/D update).

@@ -443,6 +443,7 @@ impl World {
                 mem_cycles += w.pte_store(cpu, fmt.pte_pa(table, index));
                 let slot = w.oracle.slot(space, vpn);
                 w.oracle.record_pte(slot, rights_of(new), op);
+                w.reduction_stored(slot);
                 if !new.present() {
                     w.pv_remove(pte.pfn(), u.pmap, vpn);
                 }
@@ -492,6 +493,7 @@ impl World {
         if last < end {
             rest.push((Vpn(last), end - last));
         }
+        let mut cleared = Vec::new();
         let mut v = first;
         while v < last {
             let wk = walk(&self.mem, fmt, root, Vpn(v));
@@ -518,11 +520,21 @@ impl World {
                     }
                     let slot = self.oracle.slot(u.pmap.0, vpn);
                     self.oracle.record_pte(slot, Rights::NONE, op);
+                    if push_down {
+                        self.reduction_stored(slot);
+                    } else {
+                        cleared.push(slot);
+                    }
                     self.pv_remove(pte.pfn(), u.pmap, vpn);
                     edit.changed += 1;
                 }
                 self.mem.table_mut(pde_table)[pde_index] = 0;
                 edit.mem_cycles += self.pte_store(cpu, pde_pa);
+                // Without the push-down only this store was made: the
+                // PTEs under it count as changed by it.
+                for slot in cleared.drain(..) {
+                    self.reduction_stored(slot);
+                }
                 edit.changed += 1;
                 if push_down {
                     // Emptied by the stores above: free it now.
@@ -636,6 +648,7 @@ impl Sim {
         let store = w.pte_store(cpu, fmt.pte_pa(table, index));
         let slot = w.oracle.slot(pmap.0, vpn);
         w.oracle.record_pte(slot, rights_of(new), op);
+        w.reduction_stored(slot);
         if !old.present() {
             w.pv.entry(pfn.0).or_default().push((pmap, vpn));
         }

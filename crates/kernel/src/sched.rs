@@ -41,6 +41,9 @@ impl Sim {
     }
 
     pub(crate) async fn kernel_entry(&self, cpu: CpuId, entry: Entry) {
+        // Interrupts are precise: an access in flight retires (performs or
+        // replays) before the kernel runs.
+        crate::sim::retire_inflight(&mut self.w(), cpu);
         match entry {
             Entry::Boot => {}
             Entry::Trap => {

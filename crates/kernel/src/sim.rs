@@ -222,6 +222,19 @@ pub struct World {
     pub(crate) probes: Vec<mmulab_memsys::TlbProbe>,
     /// The TLB-coherence hardware the protocol assumes.
     pub tlb_hw: crate::memory::TlbHardware,
+    /// A user access whose miss outlives its slice stays in flight until
+    /// the CPU's next event (romanescu10 §5.1; only UNITD hardware can
+    /// invalidate a translation behind a CPU's back).
+    pub(crate) park_inflight: bool,
+    /// The `unitd-no-replay` control: a killed in-flight access performs.
+    pub(crate) no_replay: bool,
+    /// The L1D hit latency (an access slower than this missed).
+    pub(crate) l1_hit: Cycles,
+    /// TLB misses trap to a software handler (`machine.tlb.refill`).
+    pub(crate) software_refill: bool,
+    /// The software handler gives the PCAM its PTE's address (romanescu10
+    /// §4.1's dedicated instruction); false for the negative control.
+    pub(crate) handler_supplies_pte: bool,
 }
 
 impl World {
@@ -352,7 +365,20 @@ impl Sim {
             "protocol {} needs a memory system ([memory])",
             protocol.name()
         );
+        let (park_inflight, no_replay) = match &tlb_hw {
+            crate::memory::TlbHardware::Unitd(f) => (memsys.is_some(), f.no_replay),
+            _ => (false, false),
+        };
+        let l1_hit = Cycles(memsys.as_ref().map_or(0, |m| m.config().l1d.latency_cycles));
+        let software_refill = cfg.tlb.refill == mmulab_machine::Refill::Software;
+        let handler_supplies_pte =
+            !matches!(&tlb_hw, crate::memory::TlbHardware::Unitd(f) if f.swtlb_no_pte_address);
         let world = World {
+            software_refill,
+            handler_supplies_pte,
+            l1_hit,
+            park_inflight,
+            no_replay,
             cpus_going_offline: 0,
             memsys,
             probes: Vec::new(),
@@ -1075,6 +1101,7 @@ impl Sim {
         let local = w.cpus[ci].local.max(t);
         w.cpus[ci].local = local;
         w.cpus[ci].slice_start = local;
+        retire_inflight(w, cpu);
         let end = local + Cycles(quantum);
         let mut program = w.threads[tid.0 as usize]
             .program
@@ -1180,7 +1207,6 @@ fn run_batch<const MEM: bool>(
     let ci = cpu.index();
     let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
     let (refs, mut pos) = w.threads[tid.0 as usize].batch?;
-    let extra = matches!(refs.kind, RefKind::Increment) as u64;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
     // Addresses are generated incrementally (no division per reference).
@@ -1191,29 +1217,15 @@ fn run_batch<const MEM: bool>(
     let store = !matches!(refs.kind, RefKind::Load);
     while pos < refs.count && w.cpus[ci].local < end {
         match translate::<MEM>(w, cpu, tid, va, store) {
-            Ok(pfn) => {
+            Ok((pfn, slot)) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
                 if MEM && off + refs.stride < PAGE_SIZE {
                     // the next reference of a sweep, while the caches work
                     w.mem.prefetch(pfn, off + refs.stride);
                 }
-                if w.mem.is_data(pfn) {
-                    match refs.kind {
-                        RefKind::Load => last_load = w.mem.load(pfn, off),
-                        RefKind::Store(v) => w.mem.store(pfn, off, v),
-                        RefKind::Increment => {
-                            let v = w.mem.load(pfn, off);
-                            last_load = v;
-                            w.mem.store(pfn, off, v.wrapping_add(1));
-                        }
-                    }
-                } else {
-                    w.wild_accesses += 1;
-                }
-                w.refs += 1 + extra;
                 w.cpus[ci].local += ref_cycles;
                 if MEM {
-                    // The access performs through the caches (and, being a
+                    // The access goes through the caches (and, being a
                     // store, self-snoops the PCAMs: romanescu10 §5.2).
                     let pa = (pfn.0 << PAGE_SHIFT) | off;
                     let lat = match refs.kind {
@@ -1225,7 +1237,36 @@ fn run_batch<const MEM: bool>(
                         }
                     };
                     w.cpus[ci].local += lat;
+                    let entry = *w.cpus[ci].tlb.entry(slot);
+                    // A miss that outlives the slice: the access performs
+                    // (or replays) when this CPU next runs. An L1 hit
+                    // performs at once (there is no miss to die during),
+                    // and so does an access whose own miss recalled its
+                    // translation (an L2 eviction of the PTE's block: the
+                    // PTE is unchanged at this instant). Both keep a
+                    // replayed access from being killed forever in tiny
+                    // caches.
+                    // A replay is retried in one step: cores storing to
+                    // blocks that hold each other's PTEs would otherwise
+                    // kill each other's retries forever (the paper does not
+                    // say how UNITD guarantees progress there).
+                    let retry = std::mem::take(&mut w.cpus[ci].replaying);
+                    if w.park_inflight
+                        && w.cpus[ci].local >= end
+                        && lat > w.l1_hit
+                        && entry.valid
+                        && !retry
+                    {
+                        w.cpus[ci].inflight = Some(crate::cpu::InFlight {
+                            slot,
+                            entry,
+                            va,
+                            killed: false,
+                        });
+                        break;
+                    }
                 }
+                last_load = perform(w, pfn, off, refs.kind).unwrap_or(last_load);
                 pos += 1;
                 if stride_fits {
                     va += refs.stride;
@@ -1250,6 +1291,102 @@ fn run_batch<const MEM: bool>(
         None
     };
     trap
+}
+
+/// The data side of one reference at `off` in `pfn`, once it performs;
+/// returns the value a load read.
+#[inline(always)]
+fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> Option<u64> {
+    let mut loaded = None;
+    if w.mem.is_data(pfn) {
+        match kind {
+            RefKind::Load => loaded = Some(w.mem.load(pfn, off)),
+            RefKind::Store(v) => w.mem.store(pfn, off, v),
+            RefKind::Increment => {
+                let v = w.mem.load(pfn, off);
+                loaded = Some(v);
+                w.mem.store(pfn, off, v.wrapping_add(1));
+            }
+        }
+    } else {
+        w.wild_accesses += 1;
+    }
+    w.refs += 1 + matches!(kind, RefKind::Increment) as u64;
+    loaded
+}
+
+/// Retires `cpu`'s access in flight, if any (romanescu10 §5.1): if a PCAM
+/// hit invalidated its translation meanwhile, the access replays — its
+/// reference stays next in the batch and is looked up again — else it
+/// performs now, its translation checked again by the oracle. Called when
+/// the CPU next runs: its next slice, or before it takes an interrupt.
+pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
+    let ci = cpu.index();
+    let Some(f) = w.cpus[ci].inflight.take() else {
+        return;
+    };
+    let tid = w.cpus[ci]
+        .thread
+        .expect("an access in flight without a thread");
+    if f.killed {
+        w.counters.add("unitd.replays", 1);
+        if !w.no_replay {
+            w.cpus[ci].replaying = true;
+            return;
+        }
+    }
+    let th = &w.threads[tid.0 as usize];
+    let (refs, pos) = th.batch.expect("an access in flight outside a batch");
+    debug_assert_eq!(
+        refs.va(pos),
+        f.va,
+        "the in-flight access is the batch's next"
+    );
+    let store = !matches!(refs.kind, RefKind::Load);
+    let ctx = UseCtx {
+        cpu,
+        thread: tid.0,
+        va: f.va,
+        time: w.cpus[ci].local,
+    };
+    let e = f.entry;
+    w.oracle
+        .recheck_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+    let off = (f.va & (PAGE_SIZE - 1)) & !7;
+    let loaded = perform(w, e.pfn, off, refs.kind);
+    let th = &mut w.threads[tid.0 as usize];
+    if let Some(v) = loaded {
+        th.last_load = v;
+    }
+    th.batch = (pos + 1 < refs.count).then_some((refs, pos + 1));
+}
+
+/// A software-refilled TLB's miss (or modify) trap: the handler's cost
+/// beyond its page-table loads. Nothing with a hardware walker.
+#[inline]
+fn refill_trap(w: &mut World) -> Cycles {
+    if !w.software_refill {
+        return Cycles(0);
+    }
+    w.counters.add("tlb.software_refills", 1);
+    Cycles(w.cfg.costs.tlb_refill_trap_cycles)
+}
+
+/// Writes the PCAM beside a TLB fill at `slot`. The hardware walker knows
+/// the last-level PTE's address; a software handler must supply it with a
+/// dedicated instruction (romanescu10 §4.1), one more instruction per
+/// refill.
+#[inline]
+fn fill_pcam(w: &mut World, cpu: CpuId, slot: usize, pte_pa: u64) {
+    if w.software_refill && matches!(w.tlb_hw, TlbHardware::Unitd(_)) {
+        if !w.handler_supplies_pte {
+            return;
+        }
+        w.counters.add("unitd.pte_address_supplied", 1);
+        let c = Cycles(w.cfg.costs.ref_cycles);
+        w.cpus[cpu.index()].local += c;
+    }
+    w.pcam_fill(cpu, slot, pte_pa);
 }
 
 /// The walker's reads of `wk`'s entries: flat memory costs a memory read
@@ -1278,7 +1415,7 @@ fn translate<const MEM: bool>(
     tid: ThreadId,
     va: u64,
     store: bool,
-) -> Result<mmulab_machine::Pfn, ()> {
+) -> Result<(mmulab_machine::Pfn, usize), ()> {
     let ci = cpu.index();
     let vpn = Vpn(va >> PAGE_SHIFT);
     let kernel = va >= KERNEL_BASE;
@@ -1328,7 +1465,7 @@ fn translate<const MEM: bool>(
                 // read-modify-write that re-checks the PTE (black89 fn. 6).
                 let root = w.walk_root(cpu, pmap);
                 let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
-                let cost = walk_cost::<MEM>(w, cpu, &wk);
+                let cost = walk_cost::<MEM>(w, cpu, &wk) + refill_trap(w);
                 w.cpus[ci].local += cost;
                 if !(wk.leaf && wk.pte.present() && wk.pte.writable() && wk.pte.pfn() == e.pfn) {
                     w.cpus[ci].tlb.entry_mut(slot).valid = false;
@@ -1342,7 +1479,7 @@ fn translate<const MEM: bool>(
                     // walker then re-inserts with the new value.
                     let lat = w.pte_store(cpu, wk.pte_pa);
                     w.cpus[ci].local += lat;
-                    w.pcam_fill(cpu, slot, wk.pte_pa);
+                    fill_pcam(w, cpu, slot, wk.pte_pa);
                 }
                 w.oracle.record_pte(e.oracle_slot, rights_of(new), None);
                 let ent = w.cpus[ci].tlb.entry_mut(slot);
@@ -1350,14 +1487,14 @@ fn translate<const MEM: bool>(
                 ent.dirty = true;
                 ent.fill_epoch = w.oracle.epoch(e.oracle_slot);
             }
-            return Ok(e.pfn);
+            return Ok((e.pfn, slot));
         }
     }
     // Miss: the hardware walker, one read per level, from the directory
     // this CPU's MMU uses.
     let root = w.walk_root(cpu, pmap);
     let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
-    let cost = walk_cost::<MEM>(w, cpu, &wk);
+    let cost = walk_cost::<MEM>(w, cpu, &wk) + refill_trap(w);
     w.cpus[ci].local += cost;
     let pte = wk.pte;
     if !(wk.leaf && pte.present() && (!store || pte.writable()) && (kernel || pte.user())) {
@@ -1395,7 +1532,7 @@ fn translate<const MEM: bool>(
     };
     let (tslot, _victim) = w.cpus[ci].tlb.insert(entry);
     if MEM {
-        w.pcam_fill(cpu, tslot, wk.pte_pa);
+        fill_pcam(w, cpu, tslot, wk.pte_pa);
     }
-    Ok(new.pfn())
+    Ok((new.pfn(), tslot))
 }

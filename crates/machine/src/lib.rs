@@ -20,4 +20,4 @@ pub use ids::{Asid, CpuId, Pfn, Vpn};
 pub use oracle::{OpId, Oracle, Rights, UseCheck};
 pub use pagetable::{PtFormat, Pte};
 pub use physmem::PhysMem;
-pub use tlb::{Policy, Tlb, TlbConfig, TlbEntry};
+pub use tlb::{Policy, Refill, Tlb, TlbConfig, TlbEntry};

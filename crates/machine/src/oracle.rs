@@ -249,6 +249,16 @@ impl Oracle {
         }
     }
 
+    /// The reductions of `slot`'s PTE made so far bind every TLB now,
+    /// whatever operation they belong to: under romanescu10's UNITD a PTE
+    /// store performs only once every TLB copy is invalidated (§5.3.2), so
+    /// each reduction completes with its own store, before the operation
+    /// that made it ends.
+    pub fn complete_slot(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        s.completed_epoch = s.completed_epoch.max(s.epoch);
+    }
+
     pub fn is_complete(&self, op: OpId) -> bool {
         self.ops[op.0 as usize].completed.is_some()
     }
@@ -266,6 +276,22 @@ impl Oracle {
         ctx: UseCtx,
     ) -> UseCheck {
         self.checked_uses += 1;
+        self.recheck_use(slot, fill_epoch, pfn, dirty, store, ctx)
+    }
+
+    /// Checks a translation again when the access that used it performs
+    /// later than its lookup (an access in flight across other CPUs'
+    /// events, romanescu10 §5.1); not counted as a new use.
+    #[inline(always)]
+    pub fn recheck_use(
+        &mut self,
+        slot: u32,
+        fill_epoch: u32,
+        pfn: Pfn,
+        dirty: bool,
+        store: bool,
+        ctx: UseCtx,
+    ) -> UseCheck {
         let s = &self.slots[slot as usize];
         if fill_epoch >= s.epoch {
             return UseCheck::Ok;

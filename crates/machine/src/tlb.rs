@@ -24,6 +24,18 @@ pub enum Policy {
     Random,
 }
 
+/// Who fills the TLB on a miss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Refill {
+    /// A hardware page-table walker (x86).
+    #[default]
+    Hardware,
+    /// A trap to a software miss handler that walks the table and writes
+    /// the entry (MIPS R2000, uhlig94).
+    Software,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlbConfig {
@@ -38,6 +50,8 @@ pub struct TlbConfig {
     /// Entries carry an ASID tag; context switches do not flush.
     #[serde(default)]
     pub asid: bool,
+    #[serde(default)]
+    pub refill: Refill,
 }
 
 impl Default for TlbConfig {
@@ -47,6 +61,7 @@ impl Default for TlbConfig {
             ways: 64,
             policy: Policy::Lru,
             asid: false,
+            refill: Refill::Hardware,
         }
     }
 }
@@ -345,6 +360,7 @@ mod tests {
                 ways,
                 policy,
                 asid: false,
+                refill: Refill::Hardware,
             },
             SimRng::new(1, "tlb"),
         )
@@ -451,6 +467,7 @@ mod tests {
                 ways: 8,
                 policy: Policy::Lru,
                 asid: true,
+                refill: Refill::Hardware,
             },
             SimRng::new(1, "t"),
         );

@@ -150,6 +150,14 @@ pub struct Faults {
     pub jetty_misses_insert: bool,
     /// The controller acks an invalidation but leaves a remote S copy valid.
     pub ack_before_invalidate: bool,
+    /// Read by the core's pipeline (the kernel model), not the memory
+    /// system: an access whose translation is invalidated during its miss
+    /// performs with it instead of replaying its lookup (§5.1 broken).
+    pub no_replay: bool,
+    /// Read by the kernel model: a software TLB miss handler does not
+    /// supply the PTE's address to the PCAM (§4.1's dedicated instruction
+    /// left out).
+    pub swtlb_no_pte_address: bool,
 }
 
 /// The whole memory system.

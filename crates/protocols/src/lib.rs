@@ -224,6 +224,18 @@ pub const REGISTRY: &[Entry] = &[
         negative_control: true,
         make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::UpperLevelOnly)),
     },
+    Entry {
+        name: "unitd-no-replay",
+        about: "broken unitd core: an access whose translation dies during its miss performs instead of replaying (§5.1; negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::NoReplay)),
+    },
+    Entry {
+        name: "unitd-swtlb-no-pte-address",
+        about: "broken unitd software TLB miss handler: never supplies the PTE's address to the PCAM (§4.1; negative control)",
+        negative_control: true,
+        make: |_| Rc::new(unitd::Unitd::new(unitd::Variant::SwtlbNoPteAddress)),
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static Entry> {

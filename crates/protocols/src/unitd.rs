@@ -34,6 +34,12 @@ pub enum Variant {
     /// entry: the last-level PTEs the TLBs are tagged with never see a
     /// store (§4.1's rule broken).
     UpperLevelOnly,
+    /// A core performs an access whose translation a PCAM hit killed
+    /// during its miss, instead of replaying its lookup (§5.1 broken).
+    NoReplay,
+    /// A software TLB miss handler never supplies the PTE's address to
+    /// the PCAM (§4.1's dedicated instruction left out).
+    SwtlbNoPteAddress,
 }
 
 pub struct Unitd {
@@ -58,6 +64,8 @@ impl Protocol for Unitd {
             Variant::JettyMissesInsert => "unitd-jetty-misses-insert",
             Variant::AckBeforeInvalidate => "unitd-ack-before-invalidate",
             Variant::UpperLevelOnly => "unitd-upper-level-only",
+            Variant::NoReplay => "unitd-no-replay",
+            Variant::SwtlbNoPteAddress => "unitd-swtlb-no-pte-address",
         }
     }
 
@@ -73,6 +81,8 @@ impl Protocol for Unitd {
             Variant::JettyMissesInsert => f.jetty_misses_insert = true,
             Variant::AckBeforeInvalidate => f.ack_before_invalidate = true,
             Variant::UpperLevelOnly => {}
+            Variant::NoReplay => f.no_replay = true,
+            Variant::SwtlbNoPteAddress => f.swtlb_no_pte_address = true,
         }
         TlbHardware::Unitd(f)
     }
