@@ -78,7 +78,7 @@ fn approx_ideal_note(ok: usize, n: usize, gap: f64) -> String {
     let mut note = format!("unitd ≈ ideal (CIs overlap) at {ok} of {n} points");
     if ok < n {
         note.push_str(&format!(
-            "; elsewhere apart by at most {gap:.2} speedup points (CIs near zero)"
+            "; elsewhere apart by at most {gap:.4} speedup points (CIs near zero)"
         ));
     }
     note
