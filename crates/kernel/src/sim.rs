@@ -302,12 +302,19 @@ impl Sim {
     pub fn new(cfg: SimConfig, protocol: Rc<dyn Protocol>) -> Sim {
         assert!((1..=1024).contains(&cfg.cpus), "cpus out of range");
         let mut mem = PhysMem::new(PAGE_SIZE, cfg.memory_frames);
+        // romanescu10 Table 1: an I-TLB beside the D-TLB, of the same
+        // geometry, when the hierarchy declares one (its own random stream,
+        // so the D-TLB's replacement draws are unchanged).
+        let itlb = cfg.memory.as_ref().is_some_and(|m| m.tlbs_per_core >= 2);
         let cpus = (0..cfg.cpus)
             .map(|i| {
                 let tlb = Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "tlb", i as u64));
+                let itlb =
+                    itlb.then(|| Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "itlb", i as u64)));
                 Cpu::new(
                     CpuId(i as u16),
                     tlb,
+                    itlb,
                     SimRng::derive(cfg.seed, "cpu", i as u64),
                 )
             })
@@ -951,6 +958,17 @@ impl Sim {
                     .fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
                 c.add("tlb.hits", h);
                 c.add("tlb.misses", m);
+                // Only machines with an I-TLB report it (flat runs' counters
+                // stay as they were).
+                if w.has_itlb() {
+                    let (h, m) = w
+                        .cpus
+                        .iter()
+                        .filter_map(|c| c.itlb.as_ref())
+                        .fold((0, 0), |(h, m), t| (h + t.hits, m + t.misses));
+                    c.add("tlb.itlb_hits", h);
+                    c.add("tlb.itlb_misses", m);
+                }
                 c
             },
             hists: w.hists.clone(),
@@ -1080,7 +1098,12 @@ impl Sim {
             .program
             .take()
             .expect("thread without a program");
+        // The slice starts by fetching the loop's code (I-TLB, L1I).
+        let mut fetch_fault = fetch_instruction(w, cpu, tid);
         let trap = loop {
+            if fetch_fault.is_some() {
+                break fetch_fault.take();
+            }
             let left = w.threads[tid.0 as usize].compute_left;
             if left > 0 {
                 let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
@@ -1398,4 +1421,131 @@ fn translate<const MEM: bool>(
         w.pcam_fill(cpu, tslot, wk.pte_pa);
     }
     Ok(new.pfn())
+}
+
+/// A user thread's instruction fetch: the code line of its loop, through
+/// the I-TLB and the L1I, once at the start of every user slice (so after
+/// every trap or interrupt too: the return starts a new slice). The
+/// simulated programs' hot loops fit one line, which the core's fetch
+/// buffer holds while the slice runs, so one fetch per slice stands for
+/// them. A fetch that hits in the I-TLB and the L1I overlaps execution;
+/// an I-TLB miss stalls for its walk, an L1I miss for the latency beyond
+/// a hit. `None` without an I-TLB or a text segment; `Some` is a page
+/// fault on the text page, taken through the ordinary fault path.
+fn fetch_instruction(w: &mut World, cpu: CpuId, tid: ThreadId) -> Option<Trap> {
+    let ci = cpu.index();
+    // Without an I-TLB (flat memory) nothing is fetched.
+    w.cpus[ci].itlb.as_ref()?;
+    let task = w.threads[tid.0 as usize].task;
+    let va = w.tasks[task.0 as usize].text_va()?;
+    // A user thread runs with its task's pmap loaded (`sched`).
+    let pmap = w.cpus[ci].pmap?;
+    match itlb_translate(w, cpu, tid, pmap, va) {
+        Ok(pfn) => {
+            let pa = (pfn.0 << PAGE_SHIFT) | (va & (PAGE_SIZE - 1));
+            let lat = w.mem_access(cpu, pa, AccessKind::IFetch);
+            let hit = w
+                .memsys
+                .as_ref()
+                .map_or(0, |m| m.config().l1i.latency_cycles);
+            w.cpus[ci].local += Cycles(lat.0.saturating_sub(hit));
+            None
+        }
+        Err(()) => Some(Trap::Fault { va, store: false }),
+    }
+}
+
+/// Translates the user code address `va` through `cpu`'s I-TLB: a hit
+/// checked by the oracle (and, under §6.3's ideal invalidation, against
+/// its PTE), or a walk that fills the I-TLB and its PCAM. `Err` is a page
+/// fault. Mirrors `translate`'s load path for the D-TLB.
+fn itlb_translate(
+    w: &mut World,
+    cpu: CpuId,
+    tid: ThreadId,
+    pmap: PmapId,
+    va: u64,
+) -> Result<mmulab_machine::Pfn, ()> {
+    debug_assert!(va < KERNEL_BASE, "only user code is fetched");
+    let ci = cpu.index();
+    let vpn = Vpn(va >> PAGE_SHIFT);
+    let asid = w.pmaps[pmap.0 as usize].asid;
+    let itlb = w.cpus[ci].itlb.as_mut().expect("fetch without an I-TLB");
+    if let Some(slot) = itlb.lookup(vpn, asid) {
+        let e = *itlb.entry(slot);
+        if matches!(w.tlb_hw, TlbHardware::Ideal) && ideal_stale(w, cpu, pmap, vpn, &e) {
+            w.cpus[ci]
+                .itlb
+                .as_mut()
+                .expect("present")
+                .entry_mut(slot)
+                .valid = false;
+            w.counters.add("ideal.stale_drops", 1);
+        } else {
+            let ctx = UseCtx {
+                cpu,
+                thread: tid.0,
+                va,
+                time: w.cpus[ci].local,
+            };
+            w.oracle
+                .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, false, ctx);
+            return Ok(e.pfn);
+        }
+    }
+    let (entry, pte_pa) = walk_for_fill(w, cpu, pmap, vpn)?;
+    let itlb = w.cpus[ci].itlb.as_mut().expect("present");
+    let (slot, _victim) = itlb.insert(entry);
+    w.pcam_fill_tlb(cpu, crate::memory::ITLB, slot, pte_pa);
+    Ok(entry.pfn)
+}
+
+/// romanescu10 §6.3's check of a TLB hit against its PTE (see
+/// `translate`): true when the entry is stale.
+fn ideal_stale(w: &World, cpu: CpuId, pmap: PmapId, vpn: Vpn, e: &TlbEntry) -> bool {
+    let root = w.walk_root(cpu, pmap);
+    let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+    !(wk.leaf
+        && wk.pte.present()
+        && wk.pte.pfn() == e.pfn
+        && (!e.writable || wk.pte.writable())
+        && w.oracle.epoch(e.oracle_slot) == e.fill_epoch)
+}
+
+/// The hardware walker for a user load-type miss (an instruction fetch):
+/// one load per level through L1D, the referenced bit set with a store
+/// before the fill (so its self-snoop cannot hit the new entry), and the
+/// entry to insert with its PTE's address. `Err` is a page fault. The
+/// same steps as `translate`'s miss path, kept apart from it.
+fn walk_for_fill(w: &mut World, cpu: CpuId, pmap: PmapId, vpn: Vpn) -> Result<(TlbEntry, u64), ()> {
+    let ci = cpu.index();
+    let root = w.walk_root(cpu, pmap);
+    let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+    let cost = walk_cost::<true>(w, cpu, &wk);
+    w.cpus[ci].local += cost;
+    let pte = wk.pte;
+    if !(wk.leaf && pte.present() && pte.user()) {
+        return Err(());
+    }
+    let new = pte.with(Pte::REFERENCED);
+    if new != pte {
+        w.mem.table_mut(wk.table)[wk.index] = new.0;
+        let lat = w.pte_store(cpu, wk.pte_pa);
+        w.cpus[ci].local += lat;
+    }
+    let slot = w.oracle.slot(pmap.0, vpn);
+    let entry = TlbEntry {
+        valid: true,
+        vpn,
+        asid: w.pmaps[pmap.0 as usize].asid,
+        global: new.global(),
+        pfn: new.pfn(),
+        writable: new.writable(),
+        user: new.user(),
+        dirty: new.modified(),
+        oracle_slot: slot,
+        fill_epoch: w.oracle.epoch(slot),
+        pte_pa: wk.pte_pa,
+    };
+    Ok((entry, wk.pte_pa))
 }
