@@ -1093,13 +1093,17 @@ impl Sim {
         let local = w.cpus[ci].local.max(t);
         w.cpus[ci].local = local;
         w.cpus[ci].slice_start = local;
-        let end = local + Cycles(quantum);
+        // The slice starts by fetching the loop's code (I-TLB, L1I). Its
+        // stall does not eat the quantum, like a reference's that starts
+        // before the end: otherwise a fetch that misses for longer than
+        // the quantum, and whose entry a tiny inclusive L2 recalls again,
+        // would leave no slice any room to make progress.
+        let mut fetch_fault = fetch_instruction(w, cpu, tid);
+        let end = w.cpus[ci].local + Cycles(quantum);
         let mut program = w.threads[tid.0 as usize]
             .program
             .take()
             .expect("thread without a program");
-        // The slice starts by fetching the loop's code (I-TLB, L1I).
-        let mut fetch_fault = fetch_instruction(w, cpu, tid);
         let trap = loop {
             if fetch_fault.is_some() {
                 break fetch_fault.take();
