@@ -1,7 +1,7 @@
-//! Per-CPU state: its TLB, interrupt priority level and pending interrupts.
+//! Per-CPU state: its TLBs, interrupt priority level and pending interrupts.
 
 use mmulab_engine::{Cycles, SimRng};
-use mmulab_machine::{CpuId, Tlb};
+use mmulab_machine::{Asid, CpuId, Tlb, Vpn};
 
 use crate::pmap::PmapId;
 use crate::vm::ThreadId;
@@ -53,7 +53,16 @@ pub struct Cpu {
     pub id: CpuId,
     pub mode: Mode,
     pub online: bool,
+    /// The D-TLB (the only TLB on flat memory).
     pub tlb: Tlb,
+    /// The I-TLB (romanescu10 Table 1), present when the memory system
+    /// declares one (`tlbs_per_core >= 2`): user threads fetch their code
+    /// through it (see `Sim::fetch_instruction`).
+    pub itlb: Option<Tlb>,
+    /// Negative control (tests only): software flushes and invalidations
+    /// miss the I-TLB, as if the kernel forgot it; the oracle must catch
+    /// the stale fetches that follow.
+    pub control_itlb_unflushed: bool,
     pub ipl: Ipl,
     pub pending: u32,
     /// The level each pending interrupt arrives at.
@@ -103,12 +112,14 @@ pub struct InFlight {
 }
 
 impl Cpu {
-    pub fn new(id: CpuId, tlb: Tlb, rng: SimRng) -> Cpu {
+    pub fn new(id: CpuId, tlb: Tlb, itlb: Option<Tlb>, rng: SimRng) -> Cpu {
         Cpu {
             id,
             mode: Mode::Kernel,
             online: true,
             tlb,
+            itlb,
+            control_itlb_unflushed: false,
             ipl: Ipl::NONE,
             pending: 0,
             shootdown_level: Ipl::ALL,
@@ -141,5 +152,50 @@ impl Cpu {
         [Irq::Shootdown, Irq::Reschedule]
             .into_iter()
             .find(|&irq| self.pending & irq.bit() != 0 && self.level_of(irq) > self.ipl)
+    }
+
+    // Every software flush reaches both TLBs: x86's CR3 load and invlpg
+    // invalidate the I-TLB and the D-TLB alike, so the kernel never names
+    // one of them. The returned counts are the D-TLB's (what callers
+    // counted before the I-TLB existed).
+
+    /// Invalidates every entry of both TLBs.
+    pub fn flush_tlbs(&mut self) -> usize {
+        if !self.control_itlb_unflushed
+            && let Some(i) = &mut self.itlb
+        {
+            i.flush_all();
+        }
+        self.tlb.flush_all()
+    }
+
+    /// Invalidates the non-global entries of both TLBs (a CR3 load).
+    pub fn flush_tlbs_non_global(&mut self) -> usize {
+        if !self.control_itlb_unflushed
+            && let Some(i) = &mut self.itlb
+        {
+            i.flush_non_global();
+        }
+        self.tlb.flush_non_global()
+    }
+
+    /// Invalidates one page in both TLBs (invlpg; all ASIDs when None).
+    pub fn invalidate_page_tlbs(&mut self, vpn: Vpn, asid: Option<Asid>) -> usize {
+        if !self.control_itlb_unflushed
+            && let Some(i) = &mut self.itlb
+        {
+            i.invalidate_page(vpn, asid);
+        }
+        self.tlb.invalidate_page(vpn, asid)
+    }
+
+    /// Invalidates one ASID's non-global entries in both TLBs.
+    pub fn flush_tlbs_asid(&mut self, asid: Asid) -> usize {
+        if !self.control_itlb_unflushed
+            && let Some(i) = &mut self.itlb
+        {
+            i.flush_asid(asid);
+        }
+        self.tlb.flush_asid(asid)
     }
 }

@@ -8,6 +8,13 @@
 //! PTE stores are ordinary stores, and — when the protocol declares UNITD
 //! hardware — every ownership request and local store probes the PCAMs,
 //! whose hits invalidate TLB entries here.
+//!
+//! With a hierarchy that declares an I-TLB (`tlbs_per_core >= 2`, as
+//! Table 1 does), each core has one beside its D-TLB, and every task a
+//! read-only text segment: a user thread fetches its loop's code line
+//! through the I-TLB and the L1I once per user slice (`Sim::
+//! fetch_instruction`). I-TLB misses walk like data misses and fill the
+//! I-TLB's PCAM (index [`ITLB`]); every software flush reaches both TLBs.
 
 use mmulab_engine::Cycles;
 use mmulab_machine::CpuId;
@@ -31,8 +38,13 @@ pub enum TlbHardware {
     Ideal,
 }
 
-/// Which TLB of a core a PCAM shadows. The simulated programs issue data
-/// references only, so the I-TLB (and its PCAM) stays empty.
+/// Which TLB of a core a PCAM shadows (`mmulab_memsys`'s PCAM index):
+/// the I-TLB, present when the memory system declares `tlbs_per_core >=
+/// 2` and filled by user threads' instruction fetches (one fetch of the
+/// running loop's code line per user slice, see
+/// `Sim::fetch_instruction`) ...
+pub const ITLB: usize = 0;
+/// ... and the D-TLB, filled by data references.
 pub const DTLB: usize = 1;
 
 impl World {
@@ -40,6 +52,14 @@ impl World {
     #[inline]
     pub fn has_memsys(&self) -> bool {
         self.memsys.is_some()
+    }
+
+    /// True when every core has an I-TLB beside its D-TLB (a hierarchy
+    /// with `tlbs_per_core >= 2`): tasks then get a text segment and user
+    /// threads fetch through it.
+    #[inline]
+    pub fn has_itlb(&self) -> bool {
+        self.cpus.first().is_some_and(|c| c.itlb.is_some())
     }
 
     /// One access by `cpu` through the memory system; applies the TLB
@@ -63,13 +83,22 @@ impl World {
     fn apply_probes(&mut self) {
         let mut probes = std::mem::take(&mut self.probes);
         for p in probes.drain(..) {
-            debug_assert_eq!(p.tlb, DTLB, "only the D-TLB is filled");
             let c = &mut self.cpus[p.core];
-            let e = c.tlb.entry_mut(p.index);
+            let e = match p.tlb {
+                DTLB => c.tlb.entry_mut(p.index),
+                ITLB if c.control_itlb_unflushed => continue,
+                ITLB => c
+                    .itlb
+                    .as_mut()
+                    .expect("an I-TLB PCAM hit on a core without an I-TLB")
+                    .entry_mut(p.index),
+                t => unreachable!("PCAM {t}: a core has an I-TLB and a D-TLB only"),
+            };
             if e.valid {
                 e.valid = false;
                 self.counters.add("unitd.tlb_invalidations", 1);
                 if let Some(f) = c.inflight.as_mut()
+                    && p.tlb == DTLB
                     && f.slot == p.index
                 {
                     f.killed = true;
@@ -96,20 +125,20 @@ impl World {
         self.mem_access(cpu, pte_pa, AccessKind::Store)
     }
 
-    /// Records a TLB fill at `slot` with its PTE's address (romanescu10
-    /// Fig. 6a: the PCAM is written at the TLB entry's index).
+    /// Records a fill of TLB `tlb` ([`ITLB`] or [`DTLB`]) at `slot`.
     #[inline]
-    pub fn pcam_fill(&mut self, cpu: CpuId, slot: usize, pte_pa: u64) {
+    pub fn pcam_fill_tlb(&mut self, cpu: CpuId, tlb: usize, slot: usize, pte_pa: u64) {
         if !matches!(self.tlb_hw, TlbHardware::Software)
             && let Some(ms) = self.memsys.as_mut()
         {
-            ms.pcam_insert(cpu.index(), DTLB, slot, pte_pa);
+            ms.pcam_insert(cpu.index(), tlb, slot, pte_pa);
         }
     }
 
-    /// After a flush or invalidation of `cpu`'s TLB: PCAM entries of
-    /// invalid slots are cleared (they are "removed as a result of the
-    /// replacement", §4.2, and a flush empties the TLB).
+    /// After a flush or invalidation of `cpu`'s TLBs: PCAM entries of
+    /// invalid slots are cleared, in the I-TLB's PCAM and the D-TLB's
+    /// (they are "removed as a result of the replacement", §4.2, and a
+    /// flush empties the TLB).
     pub fn pcam_sync(&mut self, cpu: CpuId) {
         let Some(ms) = self.memsys.as_mut() else {
             return;
@@ -118,9 +147,13 @@ impl World {
             return;
         }
         let ci = cpu.index();
-        for (i, e) in self.cpus[ci].tlb.entries().iter().enumerate() {
-            if !e.valid {
-                ms.pcam_clear(ci, DTLB, i);
+        let c = &self.cpus[ci];
+        let tlbs = c.itlb.iter().map(|t| (ITLB, t)).chain([(DTLB, &c.tlb)]);
+        for (which, tlb) in tlbs {
+            for (i, e) in tlb.entries().iter().enumerate() {
+                if !e.valid {
+                    ms.pcam_clear(ci, which, i);
+                }
             }
         }
     }

@@ -666,7 +666,7 @@ impl Sim {
         if c.tlb.config().asid {
             Cycles(0)
         } else {
-            c.tlb.flush_non_global();
+            c.flush_tlbs_non_global();
             w.pcam_sync(cpu);
             Cycles(flush)
         }
@@ -695,15 +695,15 @@ impl Sim {
         let mut w = self.w();
         let costs = w.cfg.costs.clone();
         let asid = w.pmaps[pmap.0 as usize].asid;
-        let tlb = &mut w.cpus[cpu.index()].tlb;
+        let c = &mut w.cpus[cpu.index()];
         if pages > threshold {
-            tlb.flush_all();
+            c.flush_tlbs();
             w.counters.add("tlb.full_flushes", 1);
             w.pcam_sync(cpu);
             Cycles(costs.tlb_flush_all_cycles)
         } else {
             for v in start.0..start.0 + pages {
-                tlb.invalidate_page(Vpn(v), Some(asid));
+                c.invalidate_page_tlbs(Vpn(v), Some(asid));
             }
             w.counters.add("tlb.entry_invalidations", pages);
             w.pcam_sync(cpu);
@@ -716,7 +716,7 @@ impl Sim {
     pub fn tlb_flush_user(&self, cpu: CpuId) -> Cycles {
         let mut w = self.w();
         let c = w.cfg.costs.tlb_flush_all_cycles;
-        w.cpus[cpu.index()].tlb.flush_non_global();
+        w.cpus[cpu.index()].flush_tlbs_non_global();
         w.counters.add("tlb.full_flushes", 1);
         w.pcam_sync(cpu);
         Cycles(c)
@@ -732,11 +732,11 @@ impl Sim {
             .is_some_and(|op| w.oracle.op(op).what == what)
     }
 
-    /// Flushes `cpu`'s whole TLB. Returns the cost.
+    /// Flushes `cpu`'s whole TLBs (I and D). Returns the cost.
     pub fn tlb_flush(&self, cpu: CpuId) -> Cycles {
         let mut w = self.w();
         let c = w.cfg.costs.tlb_flush_all_cycles;
-        w.cpus[cpu.index()].tlb.flush_all();
+        w.cpus[cpu.index()].flush_tlbs();
         w.counters.add("tlb.full_flushes", 1);
         w.pcam_sync(cpu);
         Cycles(c)

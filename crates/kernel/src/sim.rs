@@ -315,12 +315,19 @@ impl Sim {
     pub fn new(cfg: SimConfig, protocol: Rc<dyn Protocol>) -> Sim {
         assert!((1..=1024).contains(&cfg.cpus), "cpus out of range");
         let mut mem = PhysMem::new(PAGE_SIZE, cfg.memory_frames);
+        // romanescu10 Table 1: an I-TLB beside the D-TLB, of the same
+        // geometry, when the hierarchy declares one (its own random stream,
+        // so the D-TLB's replacement draws are unchanged).
+        let itlb = cfg.memory.as_ref().is_some_and(|m| m.tlbs_per_core >= 2);
         let cpus = (0..cfg.cpus)
             .map(|i| {
                 let tlb = Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "tlb", i as u64));
+                let itlb =
+                    itlb.then(|| Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "itlb", i as u64)));
                 Cpu::new(
                     CpuId(i as u16),
                     tlb,
+                    itlb,
                     SimRng::derive(cfg.seed, "cpu", i as u64),
                 )
             })
@@ -977,6 +984,17 @@ impl Sim {
                     .fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
                 c.add("tlb.hits", h);
                 c.add("tlb.misses", m);
+                // Only machines with an I-TLB report it (flat runs' counters
+                // stay as they were).
+                if w.has_itlb() {
+                    let (h, m) = w
+                        .cpus
+                        .iter()
+                        .filter_map(|c| c.itlb.as_ref())
+                        .fold((0, 0), |(h, m), t| (h + t.hits, m + t.misses));
+                    c.add("tlb.itlb_hits", h);
+                    c.add("tlb.itlb_misses", m);
+                }
                 c
             },
             hists: w.hists.clone(),
@@ -1101,13 +1119,24 @@ impl Sim {
         let local = w.cpus[ci].local.max(t);
         w.cpus[ci].local = local;
         w.cpus[ci].slice_start = local;
+        // An access in flight from the last slice performs (or replays)
+        // first (romanescu10 §5.1).
         retire_inflight(w, cpu);
-        let end = local + Cycles(quantum);
+        // The slice starts by fetching the loop's code (I-TLB, L1I). Its
+        // stall does not eat the quantum, like a reference's that starts
+        // before the end: otherwise a fetch that misses for longer than
+        // the quantum, and whose entry a tiny inclusive L2 recalls again,
+        // would leave no slice any room to make progress.
+        let mut fetch_fault = fetch_instruction(w, cpu, tid);
+        let end = w.cpus[ci].local + Cycles(quantum);
         let mut program = w.threads[tid.0 as usize]
             .program
             .take()
             .expect("thread without a program");
         let trap = loop {
+            if fetch_fault.is_some() {
+                break fetch_fault.take();
+            }
             let left = w.threads[tid.0 as usize].compute_left;
             if left > 0 {
                 let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
@@ -1377,7 +1406,7 @@ fn refill_trap(w: &mut World) -> Cycles {
 /// dedicated instruction (romanescu10 §4.1), one more instruction per
 /// refill.
 #[inline]
-fn fill_pcam(w: &mut World, cpu: CpuId, slot: usize, pte_pa: u64) {
+fn fill_pcam(w: &mut World, cpu: CpuId, tlb: usize, slot: usize, pte_pa: u64) {
     if w.software_refill && matches!(w.tlb_hw, TlbHardware::Unitd(_)) {
         if !w.handler_supplies_pte {
             return;
@@ -1386,7 +1415,7 @@ fn fill_pcam(w: &mut World, cpu: CpuId, slot: usize, pte_pa: u64) {
         let c = Cycles(w.cfg.costs.ref_cycles);
         w.cpus[cpu.index()].local += c;
     }
-    w.pcam_fill(cpu, slot, pte_pa);
+    w.pcam_fill_tlb(cpu, tlb, slot, pte_pa);
 }
 
 /// The walker's reads of `wk`'s entries: flat memory costs a memory read
@@ -1433,18 +1462,8 @@ fn translate<const MEM: bool>(
         // cost below. Stale: the PTE no longer allows what the entry does,
         // or it was changed since the fill and changed back (the entry's
         // fill epoch is behind its PTE's).
-        let stale = MEM && matches!(w.tlb_hw, TlbHardware::Ideal) && {
-            let root = match &w.percpu_l1 {
-                Some(l1) => l1.dirs[ci],
-                None => w.pmaps[pmap.0 as usize].root,
-            };
-            let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
-            !(wk.leaf
-                && wk.pte.present()
-                && wk.pte.pfn() == e.pfn
-                && (!e.writable || wk.pte.writable())
-                && w.oracle.epoch(e.oracle_slot) == e.fill_epoch)
-        };
+        let stale =
+            MEM && matches!(w.tlb_hw, TlbHardware::Ideal) && ideal_stale(w, cpu, pmap, vpn, &e);
         if stale {
             w.cpus[ci].tlb.entry_mut(slot).valid = false;
             w.counters.add("ideal.stale_drops", 1);
@@ -1456,7 +1475,7 @@ fn translate<const MEM: bool>(
                 cpu,
                 thread: tid.0,
                 va,
-                time: c.local,
+                time: w.cpus[ci].local,
             };
             w.oracle
                 .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
@@ -1479,7 +1498,7 @@ fn translate<const MEM: bool>(
                     // walker then re-inserts with the new value.
                     let lat = w.pte_store(cpu, wk.pte_pa);
                     w.cpus[ci].local += lat;
-                    fill_pcam(w, cpu, slot, wk.pte_pa);
+                    fill_pcam(w, cpu, crate::memory::DTLB, slot, wk.pte_pa);
                 }
                 w.oracle.record_pte(e.oracle_slot, rights_of(new), None);
                 let ent = w.cpus[ci].tlb.entry_mut(slot);
@@ -1490,8 +1509,119 @@ fn translate<const MEM: bool>(
             return Ok((e.pfn, slot));
         }
     }
-    // Miss: the hardware walker, one read per level, from the directory
-    // this CPU's MMU uses.
+    let entry = walk_for_fill::<MEM>(w, cpu, pmap, vpn, store, kernel)?;
+    let (tslot, _victim) = w.cpus[ci].tlb.insert(entry);
+    if MEM {
+        fill_pcam(w, cpu, crate::memory::DTLB, tslot, entry.pte_pa);
+    }
+    Ok((entry.pfn, tslot))
+}
+
+/// A user thread's instruction fetch: the code line of its loop, through
+/// the I-TLB and the L1I, once at the start of every user slice (so after
+/// every trap or interrupt too: the return starts a new slice). The
+/// simulated programs' hot loops fit one line, which the core's fetch
+/// buffer holds while the slice runs, so one fetch per slice stands for
+/// them. A fetch that hits in the I-TLB and the L1I overlaps execution;
+/// an I-TLB miss stalls for its walk, an L1I miss for the latency beyond
+/// a hit. `None` without an I-TLB or a text segment; `Some` is a page
+/// fault on the text page, taken through the ordinary fault path.
+fn fetch_instruction(w: &mut World, cpu: CpuId, tid: ThreadId) -> Option<Trap> {
+    let ci = cpu.index();
+    // Without an I-TLB (flat memory) nothing is fetched.
+    w.cpus[ci].itlb.as_ref()?;
+    let task = w.threads[tid.0 as usize].task;
+    let va = w.tasks[task.0 as usize].text_va()?;
+    // A user thread runs with its task's pmap loaded (`sched`).
+    let pmap = w.cpus[ci].pmap?;
+    match itlb_translate(w, cpu, tid, pmap, va) {
+        Ok(pfn) => {
+            let pa = (pfn.0 << PAGE_SHIFT) | (va & (PAGE_SIZE - 1));
+            let lat = w.mem_access(cpu, pa, AccessKind::IFetch);
+            let hit = w
+                .memsys
+                .as_ref()
+                .map_or(0, |m| m.config().l1i.latency_cycles);
+            w.cpus[ci].local += Cycles(lat.0.saturating_sub(hit));
+            None
+        }
+        Err(()) => Some(Trap::Fault { va, store: false }),
+    }
+}
+
+/// Translates the user code address `va` through `cpu`'s I-TLB: a hit
+/// checked by the oracle (and, under §6.3's ideal invalidation, against
+/// its PTE), or a walk that fills the I-TLB and its PCAM. `Err` is a page
+/// fault. Mirrors `translate`'s load path for the D-TLB.
+fn itlb_translate(
+    w: &mut World,
+    cpu: CpuId,
+    tid: ThreadId,
+    pmap: PmapId,
+    va: u64,
+) -> Result<mmulab_machine::Pfn, ()> {
+    debug_assert!(va < KERNEL_BASE, "only user code is fetched");
+    let ci = cpu.index();
+    let vpn = Vpn(va >> PAGE_SHIFT);
+    let asid = w.pmaps[pmap.0 as usize].asid;
+    let itlb = w.cpus[ci].itlb.as_mut().expect("fetch without an I-TLB");
+    if let Some(slot) = itlb.lookup(vpn, asid) {
+        let e = *itlb.entry(slot);
+        if matches!(w.tlb_hw, TlbHardware::Ideal) && ideal_stale(w, cpu, pmap, vpn, &e) {
+            w.cpus[ci]
+                .itlb
+                .as_mut()
+                .expect("present")
+                .entry_mut(slot)
+                .valid = false;
+            w.counters.add("ideal.stale_drops", 1);
+        } else {
+            let ctx = UseCtx {
+                cpu,
+                thread: tid.0,
+                va,
+                time: w.cpus[ci].local,
+            };
+            w.oracle
+                .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, false, ctx);
+            return Ok(e.pfn);
+        }
+    }
+    let entry = walk_for_fill::<true>(w, cpu, pmap, vpn, false, false)?;
+    let itlb = w.cpus[ci].itlb.as_mut().expect("present");
+    let (slot, _victim) = itlb.insert(entry);
+    fill_pcam(w, cpu, crate::memory::ITLB, slot, entry.pte_pa);
+    Ok(entry.pfn)
+}
+
+/// romanescu10 §6.3's check of a TLB hit against its PTE (see
+/// `translate`): true when the entry is stale.
+fn ideal_stale(w: &World, cpu: CpuId, pmap: PmapId, vpn: Vpn, e: &TlbEntry) -> bool {
+    let root = w.walk_root(cpu, pmap);
+    let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
+    !(wk.leaf
+        && wk.pte.present()
+        && wk.pte.pfn() == e.pfn
+        && (!e.writable || wk.pte.writable())
+        && w.oracle.epoch(e.oracle_slot) == e.fill_epoch)
+}
+
+/// A TLB miss, for either TLB: the hardware walker (or, with a
+/// software-refilled TLB, the miss handler) reads one entry per level from
+/// the directory this CPU's MMU uses (through L1D with caches, §5.2), sets
+/// the referenced (and, for a store, modified) bit with a store made before
+/// the fill so that its self-snoop cannot hit the new entry (§6.1), and
+/// returns the entry to insert, tagged with its PTE's address (§4.1).
+/// `Err` is a page fault.
+fn walk_for_fill<const MEM: bool>(
+    w: &mut World,
+    cpu: CpuId,
+    pmap: PmapId,
+    vpn: Vpn,
+    store: bool,
+    kernel: bool,
+) -> Result<TlbEntry, ()> {
+    let ci = cpu.index();
     let root = w.walk_root(cpu, pmap);
     let wk = walk(&w.mem, w.cfg.pt_format, root, vpn);
     let cost = walk_cost::<MEM>(w, cpu, &wk) + refill_trap(w);
@@ -1507,8 +1637,6 @@ fn translate<const MEM: bool>(
     if new != pte {
         w.mem.table_mut(wk.table)[wk.index] = new.0;
         if MEM {
-            // Walker A/D updates are stores (romanescu10 §6.1), made
-            // before the fill so the self-snoop cannot hit the new entry.
             let lat = w.pte_store(cpu, wk.pte_pa);
             w.cpus[ci].local += lat;
         }
@@ -1517,10 +1645,10 @@ fn translate<const MEM: bool>(
     if store && !pte.modified() {
         w.oracle.record_pte(slot, rights_of(new), None);
     }
-    let entry = TlbEntry {
+    Ok(TlbEntry {
         valid: true,
         vpn,
-        asid,
+        asid: w.pmaps[pmap.0 as usize].asid,
         global: new.global(),
         pfn: new.pfn(),
         writable: new.writable(),
@@ -1529,10 +1657,5 @@ fn translate<const MEM: bool>(
         oracle_slot: slot,
         fill_epoch: w.oracle.epoch(slot),
         pte_pa: wk.pte_pa,
-    };
-    let (tslot, _victim) = w.cpus[ci].tlb.insert(entry);
-    if MEM {
-        fill_pcam(w, cpu, tslot, wk.pte_pa);
-    }
-    Ok((new.pfn(), tslot))
+    })
 }

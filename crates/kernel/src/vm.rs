@@ -22,6 +22,12 @@ pub struct ThreadId(pub u32);
 /// First user virtual page handed out by mmap.
 const USER_BASE_VPN: u64 = 0x10000;
 
+/// The text segment, on machines with an I-TLB: one read-only page at
+/// i386's traditional 0x08048000, below every mmap, holding the code the
+/// user threads fetch (`Sim::fetch_instruction`).
+pub const TEXT_BASE_VPN: u64 = 0x8048;
+pub const TEXT_PAGES: u64 = 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ThreadState {
     Runnable,
@@ -81,6 +87,16 @@ pub struct Task {
     /// segments never contend, as with the paper's; what differs is that
     /// a memory call on one segment also holds off faults on the others.
     pub seg_lock: Option<usize>,
+    /// First page of the text segment (machines with an I-TLB only).
+    pub text: Option<u64>,
+}
+
+impl Task {
+    /// The address of the code line user threads fetch: the text
+    /// segment's first line.
+    pub fn text_va(&self) -> Option<u64> {
+        self.text.map(|vpn| vpn << PAGE_SHIFT)
+    }
 }
 
 /// Anonymous memory: resident pages by index, and the object it shadows
@@ -101,8 +117,35 @@ fn prot_rank(p: Prot) -> u8 {
 }
 
 impl Sim {
-    /// A new task with an empty address space.
+    /// A new task: an empty address space, plus a text segment on a
+    /// machine with an I-TLB.
     pub fn create_task(&self) -> TaskId {
+        let task = self.create_empty_task();
+        if self.w().has_itlb() {
+            // The program's code: an object of its own, mapped read-only
+            // and faulted in on the first fetch like any other page.
+            let obj = self.new_object(None);
+            let mut w = self.w();
+            let t = &mut w.tasks[task.0 as usize];
+            t.text = Some(TEXT_BASE_VPN);
+            t.regions.insert(
+                TEXT_BASE_VPN,
+                Region {
+                    start: TEXT_BASE_VPN,
+                    pages: TEXT_PAGES,
+                    prot: Prot::Read,
+                    object: obj,
+                    offset: 0,
+                },
+            );
+            debug_assert!(TEXT_BASE_VPN + TEXT_PAGES < t.next_vpn, "text below mmap");
+        }
+        task
+    }
+
+    /// A new task with an empty address space (a fork's child, which
+    /// takes its regions, text included, from the parent).
+    fn create_empty_task(&self) -> TaskId {
         let seg_lock = self
             .protocol()
             .svr4_vm_locks()
@@ -140,6 +183,7 @@ impl Sim {
             next_vpn: USER_BASE_VPN,
             vm_lock,
             seg_lock,
+            text: None,
         });
         tid
     }
@@ -329,9 +373,7 @@ impl Sim {
         {
             let mut w = self.w();
             let asid = w.pmaps[pmap.0 as usize].asid;
-            w.cpus[cpu.index()]
-                .tlb
-                .invalidate_page(Vpn(vpn), Some(asid));
+            w.cpus[cpu.index()].invalidate_page_tlbs(Vpn(vpn), Some(asid));
             w.pcam_sync(cpu);
         }
         if va >= KERNEL_BASE {
@@ -717,7 +759,9 @@ impl Sim {
                 0
             }
             Syscall::Fork { child } => {
-                let child_task = self.create_task();
+                let child_task = self.create_empty_task();
+                let text = self.w().tasks[task.0 as usize].text;
+                self.w().tasks[child_task.0 as usize].text = text;
                 let parent_regions: Vec<Region> = self.w().tasks[task.0 as usize]
                     .regions
                     .values()
@@ -733,6 +777,17 @@ impl Sim {
                         self.lock(cpu, swap).await;
                         self.unlock(cpu, swap).await;
                         self.unlock(cpu, anon).await;
+                    }
+                    if text == Some(r.start) {
+                        // Text is shared, not copied: it is never written,
+                        // so parent and child map the same object (and
+                        // the same frames).
+                        let mut w = self.w();
+                        w.objects[r.object as usize].refs += 1;
+                        w.tasks[child_task.0 as usize]
+                            .regions
+                            .insert(r.start, r.clone());
+                        continue;
                     }
                     let orig = r.object;
                     let p_obj = self.new_object(Some(orig));

@@ -334,7 +334,8 @@ impl Svr42 {
         let c = {
             let mut w = sim.w();
             let asid = w.pmaps[pmap.0 as usize].asid;
-            w.cpus[cpu.index()].tlb.flush_asid(asid);
+            w.cpus[cpu.index()].flush_tlbs_asid(asid);
+            w.pcam_sync(cpu);
             w.counters.add("svr42.asid_flushes", 1);
             w.cfg.costs.tlb_flush_all_cycles
         };

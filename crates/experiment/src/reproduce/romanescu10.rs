@@ -668,12 +668,27 @@ pub fn reproduce(
         pcam44 as f64,
         0.0,
     ));
+    // The PCAMs the runs above had: one per TLB the cores fill (the
+    // I-TLB and the D-TLB, both in use).
+    let m = fig7
+        .spec(&[])?
+        .memory
+        .expect("the preset has a memory system");
+    let tag = mmulab_memsys::pcam_geometry(m.pa_bits, m.l2.block_bytes, 4096, 32).0;
     table.push(ReproRow::plot_only(
         "§6.5",
         "pcam_bits_per_core",
         None,
-        mmulab_memsys::pcam_bits_per_core(32, 64, 64, 2) as f64,
-        "two 64-entry PCAMs of 26-bit tags (no power figure)",
+        mmulab_memsys::pcam_bits_per_core(
+            m.pa_bits,
+            m.l2.block_bytes,
+            m.pcam_entries,
+            m.tlbs_per_core,
+        ) as f64,
+        &format!(
+            "{} {}-entry PCAMs (I-TLB, D-TLB) of {tag}-bit tags (no power figure)",
+            m.tlbs_per_core, m.pcam_entries
+        ),
     ));
 
     // ---- Real benchmarks (stand-ins) -------------------------------------
