@@ -92,6 +92,8 @@ pub struct Cpu {
     pub inflight: Option<InFlight>,
     /// The next access is the replay of a killed one.
     pub replaying: bool,
+    /// Back in user mode: the thread's next slice fetches its code first.
+    pub fetch_due: bool,
 }
 
 /// A user access looked up and sent to the memory system in one slice,
@@ -135,6 +137,7 @@ impl Cpu {
             slice_start: Cycles::ZERO,
             inflight: None,
             replaying: false,
+            fetch_due: false,
         }
     }
 

@@ -12,9 +12,10 @@
 //! With a hierarchy that declares an I-TLB (`tlbs_per_core >= 2`, as
 //! Table 1 does), each core has one beside its D-TLB, and every task a
 //! read-only text segment: a user thread fetches its loop's code line
-//! through the I-TLB and the L1I once per user slice (`Sim::
-//! fetch_instruction`). I-TLB misses walk like data misses and fill the
-//! I-TLB's PCAM (index [`ITLB`]); every software flush reaches both TLBs.
+//! through the I-TLB and the L1I when its program starts an operation and
+//! on every return to user mode (`Sim::fetch_instruction`). I-TLB misses
+//! walk like data misses and fill the I-TLB's PCAM (index [`ITLB`]); every
+//! software flush reaches both TLBs.
 
 use mmulab_engine::Cycles;
 use mmulab_machine::CpuId;
@@ -41,7 +42,7 @@ pub enum TlbHardware {
 /// Which TLB of a core a PCAM shadows (`mmulab_memsys`'s PCAM index):
 /// the I-TLB, present when the memory system declares `tlbs_per_core >=
 /// 2` and filled by user threads' instruction fetches (one fetch of the
-/// running loop's code line per user slice, see
+/// running loop's code line per operation and return to user mode, see
 /// `Sim::fetch_instruction`) ...
 pub const ITLB: usize = 0;
 /// ... and the D-TLB, filled by data references.

@@ -1102,6 +1102,7 @@ impl Sim {
         let mut w = self.w();
         let c = &mut w.cpus[cpu.index()];
         c.mode = Mode::User;
+        c.fetch_due = true;
         c.slice_gen += 1;
         c.local = at;
         let generation = c.slice_gen;
@@ -1122,12 +1123,14 @@ impl Sim {
         // An access in flight from the last slice performs (or replays)
         // first (romanescu10 §5.1).
         retire_inflight(w, cpu);
-        // The slice starts by fetching the loop's code (I-TLB, L1I). Its
-        // stall does not eat the quantum, like a reference's that starts
-        // before the end: otherwise a fetch that misses for longer than
-        // the quantum, and whose entry a tiny inclusive L2 recalls again,
-        // would leave no slice any room to make progress.
-        let mut fetch_fault = fetch_instruction(w, cpu, tid);
+        // Back from the kernel, the thread fetches its loop's code again
+        // (I-TLB, L1I). The stall does not eat the quantum, like a
+        // reference's that starts before the end.
+        let mut fetch_fault = if std::mem::take(&mut w.cpus[ci].fetch_due) {
+            fetch_instruction(w, cpu, tid)
+        } else {
+            None
+        };
         let end = w.cpus[ci].local + Cycles(quantum);
         let mut program = w.threads[tid.0 as usize]
             .program
@@ -1183,6 +1186,9 @@ impl Sim {
                 Op::Compute(c) => th.compute_left = c,
                 other => break Some(Trap::Op(other)),
             }
+            // A new loop: its code is fetched (a fault on the text page
+            // traps; the loop runs after the fault is handled).
+            fetch_fault = fetch_instruction(w, cpu, tid);
             if w.stop {
                 break None;
             }
@@ -1518,11 +1524,12 @@ fn translate<const MEM: bool>(
 }
 
 /// A user thread's instruction fetch: the code line of its loop, through
-/// the I-TLB and the L1I, once at the start of every user slice (so after
-/// every trap or interrupt too: the return starts a new slice). The
-/// simulated programs' hot loops fit one line, which the core's fetch
-/// buffer holds while the slice runs, so one fetch per slice stands for
-/// them. A fetch that hits in the I-TLB and the L1I overlaps execution;
+/// the I-TLB and the L1I, each time the program starts an operation (a
+/// loop of references or a computation) and on every return to user mode
+/// (after a trap or an interrupt). The simulated programs' loops fit one
+/// line, which the core's fetch buffer holds while the loop runs, so one
+/// fetch per loop stands for them; slices, a simulator artefact, fetch
+/// nothing. A fetch that hits in the I-TLB and the L1I overlaps execution;
 /// an I-TLB miss stalls for its walk, an L1I miss for the latency beyond
 /// a hit. `None` without an I-TLB or a text segment; `Some` is a page
 /// fault on the text page, taken through the ordinary fault path.
