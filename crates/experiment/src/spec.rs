@@ -435,6 +435,13 @@ impl Spec {
         mem.validate("memory").map_err(invalid)?;
         mem.validate_against_tlb("memory", self.machine.tlb.entries, self.machine.tlb.ways)
             .map_err(invalid)?;
+        if mem.tlbs_per_core != 2 {
+            // The kernel's cores have an I-TLB (PCAM 0) and a D-TLB (PCAM 1).
+            return Err(invalid(format!(
+                "memory.tlbs_per_core: {} is not 2 (each core has an I-TLB and a D-TLB, Table 1)",
+                mem.tlbs_per_core
+            )));
+        }
         Ok(())
     }
 

@@ -56,7 +56,7 @@ pub struct Cpu {
     /// The D-TLB (the only TLB on flat memory).
     pub tlb: Tlb,
     /// The I-TLB (romanescu10 Table 1), present when the memory system
-    /// declares one (`tlbs_per_core >= 2`): user threads fetch their code
+    /// declares one (`tlbs_per_core = 2`): user threads fetch their code
     /// through it (see `Sim::fetch_instruction`).
     pub itlb: Option<Tlb>,
     /// Negative control (tests only): software flushes and invalidations

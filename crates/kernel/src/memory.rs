@@ -9,7 +9,7 @@
 //! hardware — every ownership request and local store probes the PCAMs,
 //! whose hits invalidate TLB entries here.
 //!
-//! With a hierarchy that declares an I-TLB (`tlbs_per_core >= 2`, as
+//! With a hierarchy that declares an I-TLB (`tlbs_per_core = 2`, as
 //! Table 1 does), each core has one beside its D-TLB, and every task a
 //! read-only text segment: a user thread fetches its loop's code line
 //! through the I-TLB and the L1I when its program starts an operation and
@@ -40,8 +40,7 @@ pub enum TlbHardware {
 }
 
 /// Which TLB of a core a PCAM shadows (`mmulab_memsys`'s PCAM index):
-/// the I-TLB, present when the memory system declares `tlbs_per_core >=
-/// 2` and filled by user threads' instruction fetches (one fetch of the
+/// the I-TLB, present with a memory system (`tlbs_per_core = 2`) and filled by user threads' instruction fetches (one fetch of the
 /// running loop's code line per operation and return to user mode, see
 /// `Sim::fetch_instruction`) ...
 pub const ITLB: usize = 0;
@@ -56,7 +55,7 @@ impl World {
     }
 
     /// True when every core has an I-TLB beside its D-TLB (a hierarchy
-    /// with `tlbs_per_core >= 2`): tasks then get a text segment and user
+    /// with `tlbs_per_core = 2`): tasks then get a text segment and user
     /// threads fetch through it.
     #[inline]
     pub fn has_itlb(&self) -> bool {

@@ -318,7 +318,13 @@ impl Sim {
         // romanescu10 Table 1: an I-TLB beside the D-TLB, of the same
         // geometry, when the hierarchy declares one (its own random stream,
         // so the D-TLB's replacement draws are unchanged).
-        let itlb = cfg.memory.as_ref().is_some_and(|m| m.tlbs_per_core >= 2);
+        if let Some(m) = &cfg.memory {
+            assert_eq!(
+                m.tlbs_per_core, 2,
+                "each core has an I-TLB (PCAM 0) and a D-TLB (PCAM 1)"
+            );
+        }
+        let itlb = cfg.memory.is_some();
         let cpus = (0..cfg.cpus)
             .map(|i| {
                 let tlb = Tlb::new(&cfg.tlb, SimRng::derive(cfg.seed, "tlb", i as u64));
