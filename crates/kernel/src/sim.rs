@@ -1483,14 +1483,7 @@ fn translate<const MEM: bool>(
             if store && !e.writable {
                 return Err(());
             }
-            let ctx = UseCtx {
-                cpu,
-                thread: tid.0,
-                va,
-                time: w.cpus[ci].local,
-            };
-            w.oracle
-                .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+            check_hit(w, cpu, tid, va, &e, store);
             if store && !e.dirty {
                 // The hardware sets the modify bit with an interlocked
                 // read-modify-write that re-checks the PTE (black89 fn. 6).
@@ -1589,14 +1582,7 @@ fn itlb_translate(
                 .valid = false;
             w.counters.add("ideal.stale_drops", 1);
         } else {
-            let ctx = UseCtx {
-                cpu,
-                thread: tid.0,
-                va,
-                time: w.cpus[ci].local,
-            };
-            w.oracle
-                .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, false, ctx);
+            check_hit(w, cpu, tid, va, &e, false);
             return Ok(e.pfn);
         }
     }
@@ -1605,6 +1591,19 @@ fn itlb_translate(
     let (slot, _victim) = itlb.insert(entry);
     fill_pcam(w, cpu, crate::memory::ITLB, slot, entry.pte_pa);
     Ok(entry.pfn)
+}
+
+/// The oracle's check of a TLB hit used by `tid` at `va`.
+#[inline(always)]
+fn check_hit(w: &mut World, cpu: CpuId, tid: ThreadId, va: u64, e: &TlbEntry, store: bool) {
+    let ctx = UseCtx {
+        cpu,
+        thread: tid.0,
+        va,
+        time: w.cpus[cpu.index()].local,
+    };
+    w.oracle
+        .check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
 }
 
 /// romanescu10 §6.3's check of a TLB hit against its PTE (see
