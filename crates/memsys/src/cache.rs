@@ -145,7 +145,8 @@ impl<M> Cache<M> {
     }
 
     /// The line `block` would replace: an empty way, else the LRU one.
-    #[inline]
+    /// Always inlined: three calls per miss, each a handful of compares.
+    #[inline(always)]
     pub fn victim(&self, block: u64) -> usize {
         let base = self.set_base(block);
         let rec = self.record(base);

@@ -56,7 +56,7 @@ use cache::{Cache, INVALID};
 use checker::Checker;
 use interconnect::{DataSource, Network, Txn};
 use mesh::Mesh;
-use mmulab_engine::SimRng;
+use mmulab_engine::{SimRng, UniformInclusive};
 use pcam::PcamBank;
 use serde::{Deserialize, Serialize};
 use versions::Versions;
@@ -243,6 +243,8 @@ pub struct MemSystem {
     net: Network,
     all_cores: u64,
     rng: SimRng,
+    /// The memory-latency perturbation's range (None: no perturbation).
+    jitter: Option<UniformInclusive>,
     mem_versions: Versions,
     stats: MemStats,
     checker: Checker,
@@ -288,6 +290,8 @@ impl MemSystem {
             net,
             all_cores,
             rng: SimRng::new(seed, "memsys.memory"),
+            jitter: (cfg.mem_perturb_cycles != 0)
+                .then(|| UniformInclusive::new(0, cfg.mem_perturb_cycles)),
             mem_versions: Versions::default(),
             stats: MemStats::default(),
             checker: Checker::new(cfg.checker),
@@ -439,11 +443,9 @@ impl MemSystem {
     }
 
     fn mem_latency(&mut self) -> u64 {
-        let p = self.cfg.mem_perturb_cycles;
-        let jitter = if p == 0 {
-            0
-        } else {
-            self.rng.range_inclusive(0, p)
+        let jitter = match &self.jitter {
+            Some(u) => u.sample(&mut self.rng),
+            None => 0,
         };
         self.cfg.memory_latency_cycles + jitter
     }
