@@ -148,12 +148,15 @@ impl<E: Copy> SmallQueue<E> {
         );
         let key = (time.0 as u128) << 64 | self.next_seq as u128;
         self.next_seq += 1;
-        // the sequence is the largest yet: only later times go after it
+        // The sequence is the largest yet: only later times go after it.
+        // An insertion-sort step from the end (usually zero to a few
+        // swaps) rather than `Vec::insert`'s call to memmove.
         let mut at = self.entries.len();
+        self.entries.push((key, event));
         while at > self.head && self.entries[at - 1].0 > key {
+            self.entries.swap(at - 1, at);
             at -= 1;
         }
-        self.entries.insert(at, (key, event));
     }
 
     /// As `EventQueue::pop`.
