@@ -249,6 +249,9 @@ pub struct MemSystem {
     stats: MemStats,
     checker: Checker,
     deferred: Vec<TlbProbe>,
+    /// Per L1 (`2 × core + icache`), the block after its last miss: host
+    /// bookkeeping for prefetches only, never read by the model.
+    streams: Vec<u64>,
 }
 
 impl MemSystem {
@@ -296,6 +299,7 @@ impl MemSystem {
             stats: MemStats::default(),
             checker: Checker::new(cfg.checker),
             deferred: Vec::new(),
+            streams: vec![INVALID; 2 * cfg.cores],
             cfg: cfg.clone(),
         }
     }
@@ -620,8 +624,15 @@ impl MemSystem {
         // Host prefetches, before the dependent work: the block's L2 set and
         // memory version, and the L2 line of the L1 line a fill would
         // replace (a guess: a recall may yet empty a way of the set).
-        self.l2.prefetch_set(block);
-        if cur.is_none() {
+        // Skipped when this L1's previous miss was the block before: its
+        // `prefetch_next` fetched all of these already.
+        let s = 2 * c + icache as usize;
+        let streamed = self.streams[s] == block;
+        self.streams[s] = block + 1;
+        if !streamed {
+            self.l2.prefetch_set(block);
+        }
+        if cur.is_none() && !streamed {
             self.mem_versions.prefetch(block);
             let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
             let v = l1.victim(block);
