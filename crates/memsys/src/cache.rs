@@ -172,8 +172,20 @@ impl<M> Cache<M> {
     pub fn prefetch_set(&self, block: u64) {
         let base = self.set_base(block);
         prefetch(&self.words[self.off + 2 * base]);
-        for m in &self.meta[base..base + self.ways] {
-            prefetch(m);
+        let metas = &self.meta[base..base + self.ways];
+        match (metas.first(), metas.last()) {
+            // Small payloads (L1 lines): a set spanning at most 64 bytes
+            // lies in one or two host lines, fetched by its ends rather
+            // than once per way.
+            (Some(first), Some(last)) if size_of_val(metas) <= 64 => {
+                prefetch(first);
+                prefetch(last);
+            }
+            _ => {
+                for m in metas {
+                    prefetch(m);
+                }
+            }
         }
     }
 
