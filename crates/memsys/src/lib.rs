@@ -455,9 +455,9 @@ impl MemSystem {
     }
 
     /// Finds or allocates the L2 line of `block`; returns (line, memory
-    /// cycles spent). Inlined: once per miss, and its call and return cost
-    /// as much as its hit path.
-    #[inline]
+    /// cycles spent). Always inlined (a plain hint was not taken): once
+    /// per miss, and its call and return cost as much as its hit path.
+    #[inline(always)]
     fn l2_get(&mut self, block: u64, probes: &mut Vec<TlbProbe>) -> (usize, u64) {
         if let Some(i) = self.l2.lookup(block) {
             self.stats.l2_hits += 1;
