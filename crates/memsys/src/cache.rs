@@ -257,14 +257,15 @@ fn victim4(r: &[u64; 8]) -> usize {
             r[2 * w + 1] + 1
         }
     };
-    let (mut w, mut k) = (0, key(0));
-    for i in 1..4 {
-        let ki = key(i);
-        if ki < k {
-            (w, k) = (i, ki);
-        }
-    }
-    w
+    // A tournament (0 v 1, 2 v 3, then the winners), the lower way
+    // winning ties at each step: the sequential scan's answer with half
+    // its dependency chain.
+    let pick = |(a, ka): (usize, u64), (b, kb): (usize, u64)| {
+        if kb < ka { (b, kb) } else { (a, ka) }
+    };
+    let lo = pick((0, key(0)), (1, key(1)));
+    let hi = pick((2, key(2)), (3, key(3)));
+    pick(lo, hi).0
 }
 
 /// The first way of a set record (tag, stamp pairs) whose tag is `x`.
