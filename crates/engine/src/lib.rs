@@ -6,7 +6,7 @@ pub mod rng;
 pub mod stats;
 pub mod time;
 
-pub use queue::EventQueue;
-pub use rng::SimRng;
+pub use queue::{EventQueue, SmallQueue};
+pub use rng::{SimRng, UniformInclusive};
 pub use stats::{Counters, Histogram, LinearFit, Summary};
 pub use time::{Clock, Cycles};

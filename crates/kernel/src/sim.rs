@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use mmulab_engine::{Counters, Cycles, EventQueue, Histogram, SimRng};
+use mmulab_engine::{Counters, Cycles, EventQueue, Histogram, SimRng, SmallQueue};
 use mmulab_machine::oracle::{OracleReport, UseCtx};
 use mmulab_machine::pagetable::{Walk, walk};
 use mmulab_memsys::AccessKind;
@@ -148,7 +148,7 @@ pub struct World {
     pub(crate) queue: EventQueue<Event>,
     /// User slices, kept apart: they never change kernel state, so a
     /// spinning CPU need not wake for them (see `Sim::spin_until`).
-    pub(crate) slices: EventQueue<(CpuId, u64)>,
+    pub(crate) slices: SmallQueue<(CpuId, u64)>,
     /// Spinners' wake-ups, kept apart too: a spinner re-checking its
     /// condition changes nothing, so other spinners sleep past it to the
     /// next *kernel* event (see `Sim::spin_until`) instead of waking each
@@ -397,7 +397,7 @@ impl Sim {
             probes: Vec::new(),
             tlb_hw,
             queue: EventQueue::new(),
-            slices: EventQueue::new(),
+            slices: SmallQueue::new(),
             spin_wakes: EventQueue::new(),
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
@@ -940,7 +940,9 @@ impl Sim {
                 let kernel = w.queue.peek_time();
                 let spin = w.spin_wakes.peek_time();
                 let slice = w.slices.peek_time();
-                let Some(next) = [kernel, spin, slice].into_iter().flatten().min() else {
+                // (Plain `Option` minima: a flattened array iterator here
+                // compiled to stack round trips on every event.)
+                let Some(next) = earliest(earliest(kernel, spin), slice) else {
                     break;
                 };
                 if next > max {
@@ -1223,6 +1225,16 @@ impl Sim {
 
     pub fn into_world_report(&self) -> OracleReport {
         self.w().oracle.report()
+    }
+}
+
+/// The earlier of two optional times.
+#[inline]
+fn earliest(a: Option<Cycles>, b: Option<Cycles>) -> Option<Cycles> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
     }
 }
 

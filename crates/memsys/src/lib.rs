@@ -56,7 +56,7 @@ use cache::{Cache, INVALID};
 use checker::Checker;
 use interconnect::{DataSource, Network, Txn};
 use mesh::Mesh;
-use mmulab_engine::SimRng;
+use mmulab_engine::{SimRng, UniformInclusive};
 use pcam::PcamBank;
 use serde::{Deserialize, Serialize};
 use versions::Versions;
@@ -211,7 +211,9 @@ fn dec_pcam(l2: &mut Cache<L2Line>, block: u64) {
     }
 }
 
-/// Removes an L1 array line, keeping the checker's copy counts.
+/// Removes an L1 array line, keeping the checker's copy counts. Inlined:
+/// every L1 replacement calls it, and it is a handful of instructions.
+#[inline(always)]
 fn l1_remove(l1: &mut Cache<L1Line>, l2: &mut Cache<L2Line>, line: usize) {
     let block = l1.tag(line);
     if block == INVALID {
@@ -243,10 +245,15 @@ pub struct MemSystem {
     net: Network,
     all_cores: u64,
     rng: SimRng,
+    /// The memory-latency perturbation's range (None: no perturbation).
+    jitter: Option<UniformInclusive>,
     mem_versions: Versions,
     stats: MemStats,
     checker: Checker,
     deferred: Vec<TlbProbe>,
+    /// Per L1 (`2 × core + icache`), the block after its last miss: host
+    /// bookkeeping for prefetches only, never read by the model.
+    streams: Vec<u64>,
 }
 
 impl MemSystem {
@@ -288,10 +295,13 @@ impl MemSystem {
             net,
             all_cores,
             rng: SimRng::new(seed, "memsys.memory"),
+            jitter: (cfg.mem_perturb_cycles != 0)
+                .then(|| UniformInclusive::new(0, cfg.mem_perturb_cycles)),
             mem_versions: Versions::default(),
             stats: MemStats::default(),
             checker: Checker::new(cfg.checker),
             deferred: Vec::new(),
+            streams: vec![INVALID; 2 * cfg.cores],
             cfg: cfg.clone(),
         }
     }
@@ -439,17 +449,17 @@ impl MemSystem {
     }
 
     fn mem_latency(&mut self) -> u64 {
-        let p = self.cfg.mem_perturb_cycles;
-        let jitter = if p == 0 {
-            0
-        } else {
-            self.rng.range_inclusive(0, p)
+        let jitter = match &self.jitter {
+            Some(u) => u.sample(&mut self.rng),
+            None => 0,
         };
         self.cfg.memory_latency_cycles + jitter
     }
 
     /// Finds or allocates the L2 line of `block`; returns (line, memory
-    /// cycles spent).
+    /// cycles spent). Always inlined (a plain hint was not taken): once
+    /// per miss, and its call and return cost as much as its hit path.
+    #[inline(always)]
     fn l2_get(&mut self, block: u64, probes: &mut Vec<TlbProbe>) -> (usize, u64) {
         if let Some(i) = self.l2.lookup(block) {
             self.stats.l2_hits += 1;
@@ -479,7 +489,8 @@ impl MemSystem {
     }
 
     /// L2 replacement: recall from every L1 and every PCAM (inclusion; not
-    /// in the paper), write back if dirty.
+    /// in the paper), write back if dirty. Leaves the line's tag and
+    /// payload for `l2_install`, its only caller, to overwrite.
     fn evict_l2(&mut self, v: usize, probes: &mut Vec<TlbProbe>) {
         let vb = self.l2.meta[v].block;
         if vb == INVALID {
@@ -487,26 +498,11 @@ impl MemSystem {
         }
         let (i_mask, d_mask) = (self.l2.meta[v].i_mask, self.l2.meta[v].d_mask);
         let mut dirty = self.l2.meta[v].dirty;
-        for t in bits(i_mask) {
-            if let Some(l) = self.l1i[t].lookup(vb) {
-                l1_remove(&mut self.l1i[t], &mut self.l2, l);
-                self.stats.recalls += 1;
-            }
-        }
-        for t in bits(d_mask) {
-            if let Some(l) = self.l1d[t].lookup(vb) {
-                dirty |= self.l1d[t].meta[l].state.dirty();
-                l1_remove(&mut self.l1d[t], &mut self.l2, l);
-                self.stats.recalls += 1;
-            }
+        if i_mask | d_mask != 0 {
+            dirty |= self.recall_l1s(vb, i_mask, d_mask);
         }
         if self.cfg.unitd && self.l2.meta[v].pcam != 0 && !self.cfg.faults.pcam_disabled {
-            for t in 0..self.cfg.cores {
-                let r = self.pcams[t].invalidate(t, vb, None, probes);
-                self.stats.pcam_recall_invalidations += r.hits;
-                let m = &mut self.l2.meta[v];
-                m.pcam = m.pcam.saturating_sub(r.hits as u32);
-            }
+            self.recall_pcams(v, vb, probes);
         }
         let m = &self.l2.meta[v];
         if self.checker.enabled {
@@ -523,7 +519,39 @@ impl MemSystem {
         if self.net.is_directory() {
             self.stats.directory_messages += 2 * ones(i_mask | d_mask);
         }
-        self.l2.clear(v);
+    }
+
+    /// Recalls `vb` from the L1s in the masks; returns whether a recalled
+    /// copy was dirty. Out of line: most L2 victims are in no L1.
+    #[inline(never)]
+    fn recall_l1s(&mut self, vb: u64, i_mask: u64, d_mask: u64) -> bool {
+        let mut dirty = false;
+        for t in bits(i_mask) {
+            if let Some(l) = self.l1i[t].lookup(vb) {
+                l1_remove(&mut self.l1i[t], &mut self.l2, l);
+                self.stats.recalls += 1;
+            }
+        }
+        for t in bits(d_mask) {
+            if let Some(l) = self.l1d[t].lookup(vb) {
+                dirty |= self.l1d[t].meta[l].state.dirty();
+                l1_remove(&mut self.l1d[t], &mut self.l2, l);
+                self.stats.recalls += 1;
+            }
+        }
+        dirty
+    }
+
+    /// Invalidates every PCAM entry of L2 line `v`'s block `vb` (rare).
+    #[cold]
+    #[inline(never)]
+    fn recall_pcams(&mut self, v: usize, vb: u64, probes: &mut Vec<TlbProbe>) {
+        for t in 0..self.cfg.cores {
+            let r = self.pcams[t].invalidate(t, vb, None, probes);
+            self.stats.pcam_recall_invalidations += r.hits;
+            let m = &mut self.l2.meta[v];
+            m.pcam = m.pcam.saturating_sub(r.hits as u32);
+        }
     }
 
     /// L1 replacement of `line` in `core`'s L1I or L1D.
@@ -600,8 +628,15 @@ impl MemSystem {
         // Host prefetches, before the dependent work: the block's L2 set and
         // memory version, and the L2 line of the L1 line a fill would
         // replace (a guess: a recall may yet empty a way of the set).
-        self.l2.prefetch_set(block);
-        if cur.is_none() {
+        // Skipped when this L1's previous miss was the block before: its
+        // `prefetch_next` fetched all of these already.
+        let s = 2 * c + icache as usize;
+        let streamed = self.streams[s] == block;
+        self.streams[s] = block + 1;
+        if !streamed {
+            self.l2.prefetch_set(block);
+        }
+        if cur.is_none() && !streamed {
             self.mem_versions.prefetch(block);
             let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
             let v = l1.victim(block);
@@ -650,26 +685,7 @@ impl MemSystem {
             Action::GetS => {
                 let owner = self.l2.meta[l2i].owner;
                 if owner != NO_OWNER {
-                    let o = owner as usize;
-                    if let Some(ol) = self.l1d[o].lookup(block) {
-                        let os = self.l1d[o].meta[ol].state;
-                        let ot = self.table[os as usize][Event::FwdGetS as usize]
-                            .expect("state of the protocol");
-                        self.l1d[o].meta[ol].state = ot.next;
-                        let m = &mut self.l2.meta[l2i];
-                        if os.exclusive() && !ot.next.exclusive() {
-                            m.writers = m.writers.saturating_sub(1);
-                        }
-                        if !ot.next.owner() {
-                            m.owner = NO_OWNER;
-                        }
-                        if ot.action == Action::Supply {
-                            data = DataSource::Owner(o);
-                            self.stats.cache_to_cache += 1;
-                        }
-                    } else {
-                        self.l2.meta[l2i].owner = NO_OWNER;
-                    }
+                    self.forward_gets(owner as usize, block, l2i, &mut data);
                 }
                 if tr.next == State::E {
                     self.stats.exclusive_grants += 1;
@@ -683,11 +699,7 @@ impl MemSystem {
                 invalidated = self.invalidate_others(c, block, pa, l2i, &mut data, probes);
                 // the own L1I (self-modifying-code snoop)
                 if self.l2.meta[l2i].i_mask & bit != 0 {
-                    if let Some(l) = self.l1i[c].lookup(block) {
-                        l1_remove(&mut self.l1i[c], &mut self.l2, l);
-                        self.stats.invalidations += 1;
-                    }
-                    self.l2.meta[l2i].i_mask &= !bit;
+                    self.snoop_own_l1i(c, block, l2i);
                 }
             }
             a => unreachable!("miss with action {a:?}"),
@@ -766,20 +778,55 @@ impl MemSystem {
         lat
     }
 
+    /// A store by `c` invalidates `c`'s own L1I copy (out of line: rare).
+    #[inline(never)]
+    fn snoop_own_l1i(&mut self, c: usize, block: u64, l2i: usize) {
+        if let Some(l) = self.l1i[c].lookup(block) {
+            l1_remove(&mut self.l1i[c], &mut self.l2, l);
+            self.stats.invalidations += 1;
+        }
+        self.l2.meta[l2i].i_mask &= !(1u64 << c);
+    }
+
+    /// A GetS meets an owner L1D: forwarded to it (out of line: a miss
+    /// usually finds no owner).
+    #[inline(never)]
+    fn forward_gets(&mut self, o: usize, block: u64, l2i: usize, data: &mut DataSource) {
+        if let Some(ol) = self.l1d[o].lookup(block) {
+            let os = self.l1d[o].meta[ol].state;
+            let ot =
+                self.table[os as usize][Event::FwdGetS as usize].expect("state of the protocol");
+            self.l1d[o].meta[ol].state = ot.next;
+            let m = &mut self.l2.meta[l2i];
+            if os.exclusive() && !ot.next.exclusive() {
+                m.writers = m.writers.saturating_sub(1);
+            }
+            if !ot.next.owner() {
+                m.owner = NO_OWNER;
+            }
+            if ot.action == Action::Supply {
+                *data = DataSource::Owner(o);
+                self.stats.cache_to_cache += 1;
+            }
+        } else {
+            self.l2.meta[l2i].owner = NO_OWNER;
+        }
+    }
+
     /// Host prefetches for the blocks a sequential stream touches next
     /// (hints only): by the time this core asks for them, their L1 and L2
     /// sets, their memory versions and the L2 line of the L1 line the next
     /// fill would replace are close at hand. Two blocks ahead for what is
-    /// found by address; one ahead for the replaced line's L2 line, read
-    /// from the L1 set the previous call fetched.
+    /// found by address (one ahead was two ahead on the previous call);
+    /// one ahead for the replaced line's L2 line, read from the L1 set the
+    /// previous call fetched.
     #[inline]
     fn prefetch_next(&self, c: usize, icache: bool, block: u64) {
         let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
-        for next in [block + 1, block + 2] {
-            l1.prefetch_set(next);
-            self.l2.prefetch_set(next);
-            self.mem_versions.prefetch(next);
-        }
+        let next = block + 2;
+        l1.prefetch_set(next);
+        self.l2.prefetch_set(next);
+        self.mem_versions.prefetch(next);
         let v = l1.victim(block + 1);
         if l1.tag(v) != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
@@ -816,6 +863,25 @@ impl MemSystem {
             }
             self.l2.meta[l2i].owner = NO_OWNER;
         }
+        if targets != 0 {
+            self.invalidate_targets(targets, block, pa, l2i, probes);
+        }
+        self.l2.meta[l2i].dir &= !targets;
+        self.stats.invalidations_sent += ones(targets);
+        targets
+    }
+
+    /// `invalidate_others`' visits, out of line: a store miss to a block
+    /// just brought into the L2 usually has no one to invalidate.
+    #[inline(never)]
+    fn invalidate_targets(
+        &mut self,
+        targets: u64,
+        block: u64,
+        pa: u64,
+        l2i: usize,
+        probes: &mut Vec<TlbProbe>,
+    ) {
         let ack_fault = self.cfg.faults.ack_before_invalidate;
         let probe_pcams = self.cfg.unitd && !self.cfg.faults.snoop_skips_pcam;
         for t in bits(targets) {
@@ -845,9 +911,6 @@ impl MemSystem {
                 self.probe_core(t, block, pa, l2i, probes);
             }
         }
-        self.l2.meta[l2i].dir &= !targets;
-        self.stats.invalidations_sent += ones(targets);
-        targets
     }
 
     /// Fig. 6a: a TLB insertion at `index` of TLB `tlb` writes the PTE's

@@ -54,6 +54,19 @@ impl Versions {
     #[inline]
     pub fn set(&mut self, block: u64, version: u64) {
         let p = block >> PAGE_BITS;
+        if let Some(Some(page)) = self.pages.get_mut(p as usize) {
+            page[(block as usize) & (PAGE - 1)] = version;
+        } else {
+            self.set_slow(block, version);
+        }
+    }
+
+    /// `set` for a block whose page is not allocated yet, or beyond the
+    /// dense range (out of line: once per page).
+    #[cold]
+    #[inline(never)]
+    fn set_slow(&mut self, block: u64, version: u64) {
+        let p = block >> PAGE_BITS;
         if p < DENSE_PAGES {
             let p = p as usize;
             if p >= self.pages.len() {
