@@ -1310,6 +1310,8 @@ fn run_batch<const MEM: bool>(
                         && entry.valid
                         && !retry
                     {
+                        // its data, for when it performs
+                        w.mem.prefetch(pfn, off);
                         w.cpus[ci].inflight = Some(crate::cpu::InFlight {
                             slot,
                             entry,
