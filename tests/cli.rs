@@ -644,6 +644,7 @@ fn unitd_spec_errors_exit_2_and_name_the_key() {
         (&["memory.l2.block_bytes=128"], "memory.l"),
         (&["memory.pcam_entries=32"], "memory.pcam_entries"),
         (&["memory.tlbs_per_core=1"], "memory.tlbs_per_core"),
+        (&["machine.tlb.refill=bogus"], "machine.tlb.refill"),
         (&["machine.cpus=8"], "memory.interconnect"),
         (&["workload.shootdowns=401"], "workload.shootdowns"),
         (&["memory.bogus=1"], "bogus"),
