@@ -894,12 +894,7 @@ pub fn reproduce(
         p4.add(Series::points("ideal", ideal, vec![]));
         p4.write_svg(&out.join("balan92-fig4.svg"))
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
-        table
-            .write_json(&out.join("reproduce-balan92.json"))
-            .map_err(|err| SpecError::Io {
-                path: out.display().to_string(),
-                err,
-            })?;
+        super::write_table(&table, out, "balan92")?;
     }
     Ok(table)
 }

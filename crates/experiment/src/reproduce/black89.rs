@@ -261,12 +261,7 @@ pub fn reproduce(
         ));
         plot.write_svg(&out.join("black89-sec8.svg"))
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
-        table
-            .write_json(&out.join("reproduce-black89.json"))
-            .map_err(|err| SpecError::Io {
-                path: out.display().to_string(),
-                err,
-            })?;
+        super::write_table(&table, out, "black89")?;
     }
     Ok(table)
 }

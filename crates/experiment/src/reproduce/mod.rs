@@ -11,6 +11,19 @@ use std::path::Path;
 
 use crate::spec::{Spec, SpecError};
 
+/// Writes `DIR/reproduce-PAPER.json`; an error names the file.
+pub(crate) fn write_table(
+    table: &mmulab_report::ReproTable,
+    dir: &Path,
+    paper: &str,
+) -> Result<(), SpecError> {
+    let path = dir.join(format!("reproduce-{paper}.json"));
+    table.write_json(&path).map_err(|err| SpecError::Io {
+        path: path.display().to_string(),
+        err,
+    })
+}
+
 /// A spec file with its `[paper]` table split off.
 pub struct PaperSpec {
     pub text: String,

@@ -842,12 +842,7 @@ pub fn reproduce(
     }
 
     if let Some(d) = out {
-        table
-            .write_json(&d.join("reproduce-romanescu10.json"))
-            .map_err(|err| SpecError::Io {
-                path: d.display().to_string(),
-                err,
-            })?;
+        super::write_table(&table, d, "romanescu10")?;
     }
     Ok(table)
 }

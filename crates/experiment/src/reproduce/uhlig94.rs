@@ -1471,12 +1471,7 @@ pub fn reproduce(
             p.write_svg(&out.join(format!("uhlig94-{name}.svg")))
                 .map_err(|e| invalid(e.to_string()))?;
         }
-        table
-            .write_json(&out.join("reproduce-uhlig94.json"))
-            .map_err(|err| SpecError::Io {
-                path: out.display().to_string(),
-                err,
-            })?;
+        super::write_table(&table, out, "uhlig94")?;
     }
     Ok(table)
 }
