@@ -1867,59 +1867,39 @@ mod tests {
             e.contains("tables.toml") && e.contains("table5_total"),
             "{e}"
         );
+        // Each edit of shape.toml, and what its error must name.
         let shape = std::fs::read_to_string(dir().join("shape.toml")).unwrap();
-        std::fs::write(
-            d.join("shape.toml"),
-            shape.replace("[os.osf1]\n", "[os.osf1]\nkernel_mapped_fractoin = 0.5\n"),
-        )
-        .unwrap();
-        let e = Shape::load(&d.join("shape.toml"), true)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("shape.toml") && e.contains("os.osf1.kernel_mapped_fractoin"),
-            "{e}"
-        );
-        std::fs::write(
-            d.join("shape.toml"),
-            shape.replace("syscall_every = 4000", "syscall_every = \"x\""),
-        )
-        .unwrap();
-        let e = Shape::load(&d.join("shape.toml"), true)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("workloads.compress") && e.contains("syscall_every"),
-            "{e}"
-        );
-        std::fs::write(
-            d.join("shape.toml"),
-            shape.replace(
+        let cases: [(&str, &str, [&str; 2]); 4] = [
+            (
+                "[os.osf1]\n",
+                "[os.osf1]\nkernel_mapped_fractoin = 0.5\n",
+                ["shape.toml", "os.osf1.kernel_mapped_fractoin"],
+            ),
+            (
+                "syscall_every = 4000",
+                "syscall_every = \"x\"",
+                ["workloads.compress", "syscall_every"],
+            ),
+            (
                 "workloads = [\"compress\", \"IOzone\", \"ousterhout\"]",
                 "workloads = [\"compress\", \"video_play\"]",
+                ["capture.workloads", "video_play"],
             ),
-        )
-        .unwrap();
-        let e = Shape::load(&d.join("shape.toml"), true)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("capture.workloads") && e.contains("video_play"),
-            "{e}"
-        );
-        std::fs::write(
-            d.join("shape.toml"),
-            shape.replace("iozone_mb = 10", "iozone_mb = 10\nspeed = 2"),
-        )
-        .unwrap();
-        let e = Shape::load(&d.join("shape.toml"), true)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("capture") && e.contains("speed"), "{e}");
+            (
+                "iozone_mb = 10",
+                "iozone_mb = 10\nspeed = 2",
+                ["capture", "speed"],
+            ),
+        ];
+        for (from, to, names) in cases {
+            assert!(shape.contains(from), "shape.toml no longer has `{from}`");
+            std::fs::write(d.join("shape.toml"), shape.replace(from, to)).unwrap();
+            let e = Shape::load(&d.join("shape.toml"), true)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(names.iter().all(|n| e.contains(n)), "{to}: {e}");
+        }
         std::fs::remove_dir_all(&d).ok();
     }
 
