@@ -320,6 +320,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             };
             let spec = Spec::parse(text, &sets, "bench")?;
             let mut rates = Vec::new();
+            let mut memory = None;
             let pb = bar(runs as u64, "bench");
             for i in 0..runs {
                 let r = mmulab_experiment::run_spec(&spec, |_, _| {})?;
@@ -328,6 +329,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     "bench run {i} reported oracle violations"
                 );
                 rates.push(r.host.refs_per_second);
+                memory = bench_memory(&r, spec.machine.cpus);
                 pb.set_position(i as u64 + 1);
             }
             pb.finish_and_clear();
@@ -339,6 +341,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 "workload": about,
                 "machine": mmulab_experiment::run::machine_description(),
                 "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
+                "memory": memory,
             });
             if json {
                 println!("{out}");
@@ -347,6 +350,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     "{:.1} M simulated references per second (median of {runs} runs)",
                     median / 1e6
                 );
+                if let Some(m) = &memory {
+                    println!(
+                        "references: {:.1}% hit L1D, {:.1}% of L2 lookups hit, {:.0} simulated cycles each",
+                        m["l1d_hit_pct"].as_f64().unwrap_or(0.0),
+                        m["l2_hit_pct"].as_f64().unwrap_or(0.0),
+                        m["simulated_cycles_per_ref"].as_f64().unwrap_or(0.0),
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -617,6 +628,24 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What the memory system did in a bench run (None on flat memory): a
+/// refs/s figure means little without the hit rates behind it.
+fn bench_memory(r: &Results, cpus: usize) -> Option<serde_json::Value> {
+    let c = &r.counters;
+    let (l1h, l1m) = (c.get("mem.l1d_hits"), c.get("mem.l1d_misses"));
+    if l1h + l1m == 0 {
+        return None;
+    }
+    let (l2h, l2m) = (c.get("mem.l2_hits"), c.get("mem.l2_misses"));
+    let pct = |a: u64, b: u64| 100.0 * a as f64 / (a + b).max(1) as f64;
+    Some(serde_json::json!({
+        "l1d_hit_pct": pct(l1h, l1m),
+        "l2_hit_pct": pct(l2h, l2m),
+        // each CPU's share of the run per reference it made
+        "simulated_cycles_per_ref": (r.simulated_cycles * cpus as u64) as f64 / c.get("refs").max(1) as f64,
+    }))
 }
 
 /// The fixed speed workload (foundation issue, "Speed").
