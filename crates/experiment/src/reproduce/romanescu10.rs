@@ -175,7 +175,8 @@ fn sweep(
                     .copied()
                     .unwrap_or(0.0),
                 shootdowns: c("shootdown.user.events"),
-                shootdown_cycles: initiator.iter().sum(),
+                // a fold from +0.0: an empty f64 `sum` is -0.0, printed "-0.00000%"
+                shootdown_cycles: initiator.iter().fold(0.0, |a, b| a + b),
                 initiator,
                 victim: h("shootdown.user.responder_cycles"),
                 pcam_lookups: c("mem.pcam_lookups"),
