@@ -81,6 +81,13 @@ pub struct Cpu {
     /// True while in the idle loop (black89's idle set is kept by the
     /// protocol; this is the kernel's own view).
     pub idle: bool,
+    /// True while the thread on this CPU is blocked on a sleep lock: in
+    /// Linux the CPU then runs the idle task in lazy TLB mode.
+    pub lock_sleeping: bool,
+    /// The user pmap this CPU left while its thread slept (Linux's
+    /// `leave_mm` in lazy TLB mode): loaded again when the thread is
+    /// switched back in.
+    pub lazy_left: Option<PmapId>,
     /// The operation this CPU's kernel code is carrying out, to which PTE
     /// changes are attributed.
     pub op: Option<mmulab_machine::OpId>,
@@ -132,6 +139,8 @@ impl Cpu {
             slice_gen: 0,
             idle_waiting: false,
             idle: false,
+            lock_sleeping: false,
+            lazy_left: None,
             op: None,
             rng,
             slice_start: Cycles::ZERO,

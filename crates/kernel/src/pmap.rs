@@ -170,7 +170,11 @@ pub trait Protocol {
     /// held in reader mode, `hat_pageunload` with its sleep lock in writer
     /// mode and its spin lock) and fork takes the anon and swap
     /// reservation locks. Off by default (other protocols keep the
-    /// lock-free VM layer and their timings).
+    /// lock-free VM layer and their timings). romanescu10's protocols
+    /// (`linux`, `unitd`, `ideal`) turn it on too: the segment lock is
+    /// then Linux's `mmap_sem` (faults read, memory calls write, waiters
+    /// sleep) and the page locks stand for `lock_page` and the PTE lock's
+    /// re-check.
     fn svr4_vm_locks(&self) -> bool {
         false
     }
@@ -670,6 +674,27 @@ impl Sim {
             w.pcam_sync(cpu);
             Cycles(flush)
         }
+    }
+
+    /// True while `cpu`'s thread is blocked on a sleep lock (its CPU idle,
+    /// in Linux's lazy TLB mode).
+    pub fn lock_sleeping(&self, cpu: CpuId) -> bool {
+        self.w().cpus[cpu.index()].lock_sleeping
+    }
+
+    /// Linux's `leave_mm` for a CPU in lazy TLB mode: it leaves `pmap`'s
+    /// user set (no later shootdown of `pmap` interrupts it) and loads the
+    /// kernel's tables, flushing the user entries; its thread loads `pmap`
+    /// again when it is switched back in. Returns the flush's cost.
+    pub fn leave_mm_lazily(&self, cpu: CpuId, pmap: PmapId) -> Cycles {
+        assert!(
+            self.lock_sleeping(cpu),
+            "{cpu} leaves an address space lazily while its thread runs"
+        );
+        let c = self.tlb_flush_user(cpu);
+        self.unload_pmap(cpu, pmap);
+        self.w().cpus[cpu.index()].lazy_left = Some(pmap);
+        c
     }
 
     pub fn unload_pmap(&self, cpu: CpuId, pmap: PmapId) {

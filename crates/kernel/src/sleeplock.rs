@@ -161,6 +161,7 @@ impl Sim {
                 (w.now(), Cycles(w.cfg.spin_bound.saturating_mul(step)))
             };
             let deadline = since + bound;
+            self.w().cpus[cpu.index()].lock_sleeping = true;
             loop {
                 if self.w().sleep_locks[id].holds(cpu) {
                     break;
@@ -187,7 +188,17 @@ impl Sim {
                     self.take_interrupts(cpu).await;
                 }
             }
+            self.w().cpus[cpu.index()].lock_sleeping = false;
             self.record("sleeplock.wait_cycles", (self.now() - since).0 as f64);
+            // Switched back in: an address space left in lazy TLB mode is
+            // loaded again (Linux's `switch_mm` reloads CR3 when the CPU
+            // had left the mm's `cpu_vm_mask`).
+            let left = self.w().cpus[cpu.index()].lazy_left.take();
+            if let Some(pmap) = left {
+                self.count("sched.lazy_tlb_rejoins", 1);
+                let p = self.protocol();
+                p.activate(self, cpu, pmap).await;
+            }
         }
         // Contended means waited: a reader granted beside other readers
         // found the lock held but did not wait for it.

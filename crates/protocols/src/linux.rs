@@ -14,6 +14,14 @@
 //! only a copy-on-write break (`ptep_clear_flush` → `flush_tlb_page`)
 //! invalidates the one page (`invlpg`). Kernel unmaps (`vfree`) use
 //! `flush_tlb_all`, which flushes global entries as well.
+//!
+//! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
+//! kernel's reader/writer VM locks, `svr4_vm_locks`). A CPU whose thread
+//! sleeps runs the idle task in lazy TLB mode: a shootdown that reaches it
+//! makes it leave the address space instead of flushing (`leave_mm`:
+//! out of `cpu_vm_mask`, CR3 loaded with the kernel's tables), so later
+//! shootdowns pass it by; `switch_mm` loads the address space again when
+//! the thread is switched back in.
 
 use std::cell::{Cell, RefCell};
 
@@ -68,6 +76,15 @@ impl Default for Linux {
 impl Protocol for Linux {
     fn name(&self) -> &'static str {
         "linux"
+    }
+
+    /// Linux 2.6.15's `mmap_sem` is a reader/writer semaphore: page faults
+    /// take it as readers (in parallel), munmap, mprotect, mmap and fork as
+    /// writers, and waiters sleep. Faults on one page are then serialised
+    /// by the page (`lock_page`, the PTE lock's re-check). The kernel's
+    /// reader/writer VM locks (shared with SVR4.2) are that discipline.
+    fn svr4_vm_locks(&self) -> bool {
+        true
     }
 
     fn init(&self, sim: &Sim) {
@@ -142,7 +159,14 @@ impl Protocol for Linux {
                 return;
             }
             let loaded = sim.w().pmaps[r.pmap.0 as usize].in_use.contains(me);
-            if loaded {
+            if loaded && r.pmap != KERNEL_PMAP && sim.lock_sleeping(me) {
+                // Lazy TLB mode (its thread sleeps, the CPU runs the idle
+                // task): `leave_mm` instead of the flush, so that later
+                // shootdowns of this address space pass it by.
+                let f = sim.leave_mm_lazily(me, r.pmap);
+                sim.count("linux.lazy_leave_mm", 1);
+                sim.delay(me, f).await;
+            } else if loaded {
                 let f = Linux::flush(sim, me, r);
                 sim.delay(me, f).await;
             }

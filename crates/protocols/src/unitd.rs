@@ -69,6 +69,12 @@ impl Protocol for Unitd {
         }
     }
 
+    /// The same Linux kernel as `linux` (§6.1): `mmap_sem`'s
+    /// reader/writer discipline (see `linux`).
+    fn svr4_vm_locks(&self) -> bool {
+        true
+    }
+
     fn tlb_hardware(&self) -> TlbHardware {
         let mut f = Faults::default();
         match self.variant {
