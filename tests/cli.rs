@@ -634,6 +634,7 @@ fn unitd_check_passes_and_every_broken_variant_is_caught() {
         "unitd-upper-level-only",
         "unitd-no-replay",
         "unitd-swtlb-no-pte-address",
+        "linux-lazy-skips-flush",
     ] {
         let o = mmulab(&["check", "--protocol", p, "--seeds", "60", "--json"]);
         assert_eq!(o.status.code(), Some(1), "{p} was not caught");

@@ -134,7 +134,7 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             );
         }
     }
-    if uses_memory(protocol) && (protocol != "linux" || r.chance(0.5)) {
+    if uses_memory(protocol) && (!protocol.starts_with("linux") || r.chance(0.5)) {
         // romanescu10: a cache hierarchy drawn from the seed, from tiny
         // (constant writebacks, L2 recalls of PTE blocks held by TLBs) to
         // roomy, over snooping or a directory, MOSI or MOESI, with the
@@ -190,7 +190,7 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
 
 /// Protocols of romanescu10, whose swarm draws a cache hierarchy.
 fn uses_memory(protocol: &str) -> bool {
-    protocol == "linux" || protocol == "ideal" || protocol.starts_with("unitd")
+    protocol.starts_with("linux") || protocol == "ideal" || protocol.starts_with("unitd")
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -3,9 +3,11 @@
 //! whose thread sleeps runs the idle task in lazy TLB mode, so the first
 //! shootdown that reaches it makes it leave the address space
 //! (`leave_mm`) and later ones pass it by; the thread loads the address
-//! space again when it is switched back in.
+//! space again when it is switched back in. A handler that acknowledges
+//! in lazy mode without leaving is caught.
 
 use mmulab_experiment::Spec;
+use mmulab_experiment::check::check;
 use mmulab_experiment::run::run_seed;
 
 fn micro(protocol: &str, op: &str, cores: u64, shootdowns: u64) -> Spec {
@@ -76,4 +78,16 @@ fn copy_on_write_faults_share_mmap_sem_as_readers() {
         "faults never overlapped"
     );
     assert_eq!(c.get("linux.lazy_leave_mm"), 0);
+}
+
+#[test]
+fn a_lazy_cpu_that_acknowledges_without_leaving_is_caught() {
+    // Its thread wakes up with translations the shootdown removed.
+    let broken = check("linux-lazy-skips-flush", 1, 60, &|_| {});
+    assert!(
+        broken.violations > 0,
+        "linux-lazy-skips-flush was not caught"
+    );
+    let good = check("linux", 1, 60, &|_| {});
+    assert!(good.passed(), "linux: {:?}", good.first_failing);
 }

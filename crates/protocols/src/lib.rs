@@ -167,6 +167,12 @@ pub const REGISTRY: &[Entry] = &[
         make: |_| Rc::new(linux::Linux::new()),
     },
     Entry {
+        name: "linux-lazy-skips-flush",
+        about: "broken linux: a CPU in lazy TLB mode acknowledges a shootdown without leave_mm (negative control)",
+        negative_control: true,
+        make: |_| Rc::new(linux::Linux::lazy_skips_flush()),
+    },
+    Entry {
         name: "unitd",
         about: "romanescu10's UNITD: PCAMs join MOSI, PTE stores invalidate TLBs; no IPIs (needs [memory])",
         negative_control: false,

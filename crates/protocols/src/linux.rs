@@ -44,6 +44,10 @@ pub struct Linux {
     /// `flush_cpumask`: victims yet to acknowledge.
     mask: RefCell<CpuSet>,
     request: Cell<Option<Request>>,
+    /// Negative control: a CPU in lazy TLB mode acknowledges without
+    /// flushing or leaving the address space, so its thread wakes up
+    /// with the translations the shootdown removed.
+    lazy_skips_flush: bool,
 }
 
 impl Linux {
@@ -52,6 +56,15 @@ impl Linux {
             lock: Cell::new(None),
             mask: RefCell::new(CpuSet::new(0)),
             request: Cell::new(None),
+            lazy_skips_flush: false,
+        }
+    }
+
+    /// The broken handler (`linux-lazy-skips-flush`).
+    pub fn lazy_skips_flush() -> Linux {
+        Linux {
+            lazy_skips_flush: true,
+            ..Linux::new()
         }
     }
 
@@ -75,7 +88,11 @@ impl Default for Linux {
 
 impl Protocol for Linux {
     fn name(&self) -> &'static str {
-        "linux"
+        if self.lazy_skips_flush {
+            "linux-lazy-skips-flush"
+        } else {
+            "linux"
+        }
     }
 
     /// Linux 2.6.15's `mmap_sem` is a reader/writer semaphore: page faults
@@ -163,9 +180,13 @@ impl Protocol for Linux {
                 // Lazy TLB mode (its thread sleeps, the CPU runs the idle
                 // task): `leave_mm` instead of the flush, so that later
                 // shootdowns of this address space pass it by.
-                let f = sim.leave_mm_lazily(me, r.pmap);
-                sim.count("linux.lazy_leave_mm", 1);
-                sim.delay(me, f).await;
+                if self.lazy_skips_flush {
+                    sim.count("linux.lazy_skipped_flush", 1);
+                } else {
+                    let f = sim.leave_mm_lazily(me, r.pmap);
+                    sim.count("linux.lazy_leave_mm", 1);
+                    sim.delay(me, f).await;
+                }
             } else if loaded {
                 let f = Linux::flush(sim, me, r);
                 sim.delay(me, f).await;
