@@ -161,7 +161,15 @@ impl Sim {
                 (w.now(), Cycles(w.cfg.spin_bound.saturating_mul(step)))
             };
             let deadline = since + bound;
-            self.w().cpus[cpu.index()].lock_sleeping = true;
+            {
+                let mut w = self.w();
+                let c = &mut w.cpus[cpu.index()];
+                assert!(
+                    c.lazy_left.is_none(),
+                    "{cpu} sleeps with an address space still left from its last sleep"
+                );
+                c.lock_sleeping = true;
+            }
             loop {
                 if self.w().sleep_locks[id].holds(cpu) {
                     break;
