@@ -63,6 +63,9 @@ enum Command {
         /// checker), protocol unitd.
         #[arg(long, default_value = "foundation")]
         workload: String,
+        /// Print JSON: refs_per_second (the median), samples, runs,
+        /// workload, machine, profile and memory (hit rates; null on flat
+        /// memory).
         #[arg(long)]
         json: bool,
     },
