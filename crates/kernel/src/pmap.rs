@@ -165,7 +165,8 @@ pub trait Protocol {
         })
     }
 
-    /// balan92 §Locking Design: the VM layer takes SVR4.2's page-layer
+    /// Reader/writer sleep locks in the VM layer, first built for balan92
+    /// §Locking Design: the VM layer takes SVR4.2's page-layer
     /// locks around HAT calls (`hat_memload` with the page's sleep lock
     /// held in reader mode, `hat_pageunload` with its sleep lock in writer
     /// mode and its spin lock) and fork takes the anon and swap
@@ -175,12 +176,12 @@ pub trait Protocol {
     /// then Linux's `mmap_sem` (faults read, memory calls write, waiters
     /// sleep) and the page locks stand for `lock_page` and the PTE lock's
     /// re-check.
-    fn svr4_vm_locks(&self) -> bool {
+    fn rw_vm_locks(&self) -> bool {
         false
     }
 
     /// `hat_pageunload(pp)`: unload every translation of physical page
-    /// `pfn`. With [`Protocol::svr4_vm_locks`] it is entered holding the
+    /// `pfn`. With [`Protocol::rw_vm_locks`] it is entered holding the
     /// page's spin lock (`Sim::page_locks`) and must return holding it.
     /// Default: one `Remove` update per mapping.
     fn page_unload<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pfn: Pfn) -> KFuture<'a> {

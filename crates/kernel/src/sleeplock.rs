@@ -88,14 +88,14 @@ impl Sim {
         (spin, sleep)
     }
 
-    /// With the SVR4.2 VM locks (`Protocol::svr4_vm_locks`), takes the
-    /// page layer's global page-hash spin lock (balan92 §Locking Design:
+    /// With the reader/writer VM locks (`Protocol::rw_vm_locks`), takes
+    /// the page layer's global page-hash spin lock (balan92 §Locking Design:
     /// "A global spin lock in the page layer for protecting the page hash
     /// chains"; a leaf, see `lockorder`) and returns it; else None and
     /// nothing is taken. Held around finding a page by identity and
     /// inserting or removing one; release with [`Sim::page_hash_exit`].
     pub async fn page_hash_enter(&self, cpu: CpuId) -> Option<usize> {
-        if !self.protocol().svr4_vm_locks() {
+        if !self.protocol().rw_vm_locks() {
             return None;
         }
         let existing = self.w().page_hash_lock;

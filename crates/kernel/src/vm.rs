@@ -73,8 +73,8 @@ pub struct Task {
     /// on one task are serialised, so that two threads faulting on one page
     /// cannot both install it.
     pub vm_lock: usize,
-    /// With the SVR4.2 VM locks (`Protocol::svr4_vm_locks`): the segment
-    /// layer's reader/writer sleep lock (balan92 §Locking Design: "A
+    /// With the reader/writer VM locks (`Protocol::rw_vm_locks`: SVR4.2's,
+    /// or Linux's `mmap_sem`): the segment layer's reader/writer sleep lock (balan92 §Locking Design: "A
     /// reader/writer lock per segment. This lock is acquired in writer
     /// mode when changing the attributes of a segment ... and in reader
     /// mode when the attributes of the segment are to remain valid for
@@ -148,7 +148,7 @@ impl Sim {
     fn create_empty_task(&self) -> TaskId {
         let seg_lock = self
             .protocol()
-            .svr4_vm_locks()
+            .rw_vm_locks()
             .then(|| self.new_sleep_lock(Some(crate::lockorder::LockClass::Segment)));
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
@@ -402,7 +402,7 @@ impl Sim {
         //   re-checks that the object still resolves to it;
         // * a load takes the page's lock as reader and re-checks the same.
         // A changed identity restarts the fault (`vm.fault_retries`).
-        let svr4 = self.protocol().svr4_vm_locks();
+        let rw_locks = self.protocol().rw_vm_locks();
         let writable_for = |top: bool| region.prot == Prot::ReadWrite && top;
         //
         // The lookup by identity, and the insert of a new page, are made
@@ -430,7 +430,7 @@ impl Sim {
                     self.w().objects[region.object as usize]
                         .pages
                         .insert(idx, pfn);
-                    let held = svr4.then(|| self.sleep_lock_new_page(cpu, pfn));
+                    let held = rw_locks.then(|| self.sleep_lock_new_page(cpu, pfn));
                     self.page_hash_exit(cpu, hash).await;
                     self.count("vm.zero_fills", 1);
                     self.delay(cpu, Cycles(costs.zero_fill_cycles)).await;
@@ -446,7 +446,7 @@ impl Sim {
                 }
             };
             let (pfn, top) = if store && !top {
-                let old_lock = svr4.then(|| self.page_locks(pfn.0).1);
+                let old_lock = rw_locks.then(|| self.page_locks(pfn.0).1);
                 if let Some(l) = old_lock {
                     self.sleep_lock(cpu, l, true).await;
                     if self.lookup_page(region.object, idx) != Some((pfn, top)) {
@@ -470,7 +470,7 @@ impl Sim {
                     w.objects[region.object as usize].pages.insert(idx, new);
                     new
                 };
-                let new_lock = svr4.then(|| self.sleep_lock_new_page(cpu, new));
+                let new_lock = rw_locks.then(|| self.sleep_lock_new_page(cpu, new));
                 self.page_hash_exit(cpu, hash).await;
                 if new_lock.is_some() {
                     self.sleep_lock_guard_cost(cpu).await;
@@ -483,7 +483,7 @@ impl Sim {
                 let mapped = {
                     let w = self.w();
                     w.pte(pmap, Vpn(vpn)).present()
-                        || (svr4 && w.mappings_of(pfn).contains(&(pmap, Vpn(vpn))))
+                        || (rw_locks && w.mappings_of(pfn).contains(&(pmap, Vpn(vpn))))
                 };
                 if mapped {
                     self.reduce(
@@ -567,7 +567,7 @@ impl Sim {
         expect: Option<(u32, u64, Pfn, bool)>,
     ) -> bool {
         let p = self.protocol();
-        if p.svr4_vm_locks() {
+        if p.rw_vm_locks() {
             let (_, sleep) = self.page_locks(pfn.0);
             self.sleep_lock(cpu, sleep, false).await;
             if let Some((obj, idx, pfn, top)) = expect
@@ -767,7 +767,7 @@ impl Sim {
                     .values()
                     .cloned()
                     .collect();
-                let resv = self.protocol().svr4_vm_locks().then(|| self.resv_locks());
+                let resv = self.protocol().rw_vm_locks().then(|| self.resv_locks());
                 for r in &parent_regions {
                     if let Some((anon, swap)) = resv {
                         // balan92 §Analysis: reserving anon pages and swap

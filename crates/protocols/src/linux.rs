@@ -16,7 +16,7 @@
 //! `flush_tlb_all`, which flushes global entries as well.
 //!
 //! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
-//! kernel's reader/writer VM locks, `svr4_vm_locks`). A CPU whose thread
+//! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU whose thread
 //! sleeps runs the idle task in lazy TLB mode: a shootdown that reaches it
 //! makes it leave the address space instead of flushing (`leave_mm`:
 //! out of `cpu_vm_mask`, CR3 loaded with the kernel's tables), so later
@@ -100,7 +100,7 @@ impl Protocol for Linux {
     /// writers, and waiters sleep. Faults on one page are then serialised
     /// by the page (`lock_page`, the PTE lock's re-check). The kernel's
     /// reader/writer VM locks (shared with SVR4.2) are that discipline.
-    fn svr4_vm_locks(&self) -> bool {
+    fn rw_vm_locks(&self) -> bool {
         true
     }
 

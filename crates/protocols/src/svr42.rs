@@ -869,7 +869,7 @@ impl Protocol for Svr42 {
         Box::pin(async move {
             sim.check_no_spin_lock(cpu, "hat_memload");
             // "Called with the reader/writer lock for the physical page
-            // held" (the VM layer takes it: `svr4_vm_locks`).
+            // held" (the VM layer takes it: `rw_vm_locks`).
             let (_, sleep) = sim.page_locks(pfn.0);
             sim.check_holds(
                 cpu,
@@ -912,7 +912,7 @@ impl Protocol for Svr42 {
         })
     }
 
-    fn svr4_vm_locks(&self) -> bool {
+    fn rw_vm_locks(&self) -> bool {
         true
     }
 

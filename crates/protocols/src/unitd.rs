@@ -71,7 +71,7 @@ impl Protocol for Unitd {
 
     /// The same Linux kernel as `linux` (§6.1): `mmap_sem`'s
     /// reader/writer discipline (see `linux`).
-    fn svr4_vm_locks(&self) -> bool {
+    fn rw_vm_locks(&self) -> bool {
         true
     }
 
