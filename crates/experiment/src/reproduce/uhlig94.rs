@@ -879,6 +879,18 @@ pub fn presets() -> Vec<(String, String, String)> {
     )]
 }
 
+/// A line over lower-slot counts.
+fn slot_series(name: &str, lowers: &[usize], ys: &[f64]) -> Series {
+    Series::line(
+        name,
+        lowers
+            .iter()
+            .zip(ys)
+            .map(|(l, v)| (*l as f64, *v))
+            .collect(),
+    )
+}
+
 pub fn reproduce(
     dir: &Path,
     quick: bool,
@@ -1028,14 +1040,7 @@ pub fn reproduce(
             knee as f64,
             "first partition with L2 time <= 5% of its value at 4 lower slots",
         ));
-        plot.add(Series::line(
-            os.name(),
-            lowers
-                .iter()
-                .zip(&l2)
-                .map(|(l, v)| (*l as f64, *v))
-                .collect(),
-        ));
+        plot.add(slot_series(os.name(), &lowers, &l2));
     }
     plots.push(plot);
     table.push(ReproRow::claim("Fig. 5 (stand-in)", "knee ordering", None, knee_found[0] < knee_found[1] && knee_found[1] < knee_found[2],
@@ -1066,14 +1071,7 @@ pub fn reproduce(
             o as f64,
             "lower slots at the minimum total time (even points)",
         ));
-        plot.add(Series::line(
-            os.name(),
-            lowers
-                .iter()
-                .zip(&t)
-                .map(|(l, v)| (*l as f64, *v))
-                .collect(),
-        ));
+        plot.add(slot_series(os.name(), &lowers, &t));
     }
     plots.push(plot);
     table.push(ReproRow::claim(
@@ -1199,14 +1197,7 @@ pub fn reproduce(
             o as f64,
             "lower slots at the minimum",
         ));
-        plot.add(Series::line(
-            &format!("{n} servers"),
-            lowers
-                .iter()
-                .zip(&t)
-                .map(|(l, v)| (*l as f64, *v))
-                .collect(),
-        ));
+        plot.add(slot_series(&format!("{n} servers"), &lowers, &t));
     }
     plots.push(plot);
     table.push(ReproRow::claim(
