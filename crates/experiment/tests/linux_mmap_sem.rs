@@ -3,11 +3,13 @@
 //! whose thread sleeps runs the idle task in lazy TLB mode, so the first
 //! shootdown that reaches it makes it leave the address space
 //! (`leave_mm`) and later ones pass it by; the thread loads the address
-//! space again when it is switched back in. A handler that acknowledges
-//! in lazy mode without leaving is caught.
+//! space again when it is switched back in. An idle CPU is in lazy TLB
+//! mode too: it keeps the last address space until a shootdown makes it
+//! leave, and a thread of that task runs there next without a CR3 load.
+//! A handler that acknowledges in lazy mode without leaving is caught.
 
 use mmulab_experiment::Spec;
-use mmulab_experiment::check::check;
+use mmulab_experiment::check::{check, swarm_spec};
 use mmulab_experiment::run::run_seed;
 
 fn micro(protocol: &str, op: &str, cores: u64, shootdowns: u64) -> Spec {
@@ -88,4 +90,45 @@ fn a_lazy_cpu_that_acknowledges_without_leaving_is_caught() {
     );
     let good = check("linux", 1, 60, &|_| {});
     assert!(good.passed(), "linux: {:?}", good.first_failing);
+}
+
+/// Totals of some counters over swarm seeds of `protocol`, every seed
+/// clean by the oracle.
+fn swarm_totals(protocol: &str, seeds: u64, keys: &[&str]) -> Vec<u64> {
+    let mut tot = vec![0; keys.len()];
+    for seed in 1..=seeds {
+        let r = run_seed(&swarm_spec(protocol, seed), seed);
+        assert_eq!(r.sim.oracle.violations, 0, "{protocol} seed {seed}");
+        for (t, k) in tot.iter_mut().zip(keys) {
+            *t += r.sim.counters.get(k);
+        }
+    }
+    tot
+}
+
+#[test]
+fn idle_cpus_keep_the_address_space_lazily() {
+    let keys = ["linux.idle_leave_mm", "sched.lazy_tlb_kept"];
+    // linux: idle CPUs are shot down once and leave; others run the same
+    // task again with their TLBs kept.
+    let [left, kept] = swarm_totals("linux", 60, &keys)[..] else {
+        unreachable!()
+    };
+    assert!(left > 0, "no idle CPU left an address space");
+    assert!(
+        kept > 0,
+        "no idle CPU resumed its address space without a CR3 load"
+    );
+    // unitd runs the same kernel: idle CPUs keep it, and nothing makes
+    // them leave (no shootdowns).
+    let [left, kept] = swarm_totals("unitd", 30, &keys)[..] else {
+        unreachable!()
+    };
+    assert_eq!(left, 0);
+    assert!(kept > 0);
+    // mach unloads the address space when a CPU goes idle.
+    let [left, kept] = swarm_totals("mach", 30, &keys)[..] else {
+        unreachable!()
+    };
+    assert_eq!((left, kept), (0, 0));
 }

@@ -180,6 +180,16 @@ pub trait Protocol {
         false
     }
 
+    /// Linux's lazy TLB mode: a CPU that goes idle keeps the address space
+    /// of the thread it last ran loaded (still in its user set, Linux's
+    /// `cpu_vm_mask`) instead of unloading it, so a thread of the same
+    /// task that runs there next needs no CR3 load; the protocol's
+    /// shootdown handler makes it leave (`Sim::leave_mm_lazily`). Off by
+    /// default: the other kernels unload at once.
+    fn lazy_tlb(&self) -> bool {
+        false
+    }
+
     /// `hat_pageunload(pp)`: unload every translation of physical page
     /// `pfn`. With [`Protocol::rw_vm_locks`] it is entered holding the
     /// page's spin lock (`Sim::page_locks`) and must return holding it.
@@ -683,18 +693,29 @@ impl Sim {
         self.w().cpus[cpu.index()].lock_sleeping
     }
 
+    /// True while `cpu` runs the idle task: its thread sleeps on a lock,
+    /// or it has no thread (the idle loop). Under a `lazy_tlb` protocol
+    /// it may still hold a user address space, lazily.
+    pub fn runs_idle_task(&self, cpu: CpuId) -> bool {
+        let c = &self.w().cpus[cpu.index()];
+        c.lock_sleeping || c.idle
+    }
+
     /// Linux's `leave_mm` for a CPU in lazy TLB mode: it leaves `pmap`'s
     /// user set (no later shootdown of `pmap` interrupts it) and loads the
-    /// kernel's tables, flushing the user entries; its thread loads `pmap`
-    /// again when it is switched back in. Returns the flush's cost.
+    /// kernel's tables, flushing the user entries. A sleeping thread loads
+    /// `pmap` again when it is switched back in; an idle CPU loads whatever
+    /// it runs next. Returns the flush's cost.
     pub fn leave_mm_lazily(&self, cpu: CpuId, pmap: PmapId) -> Cycles {
         assert!(
-            self.lock_sleeping(cpu),
-            "{cpu} leaves an address space lazily while its thread runs"
+            self.runs_idle_task(cpu),
+            "{cpu} leaves an address space lazily while a thread runs there"
         );
         let c = self.tlb_flush_user(cpu);
         self.unload_pmap(cpu, pmap);
-        self.w().cpus[cpu.index()].lazy_left = Some(pmap);
+        if self.lock_sleeping(cpu) {
+            self.w().cpus[cpu.index()].lazy_left = Some(pmap);
+        }
         c
     }
 

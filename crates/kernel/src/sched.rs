@@ -98,6 +98,7 @@ impl Sim {
     /// Picks what `cpu` runs next: its thread, another runnable one, or the
     /// idle loop.
     async fn dispatch(&self, cpu: CpuId) {
+        let mut from_idle = false;
         loop {
             if !self.w().cpus[cpu.index()].online {
                 self.parked(cpu).await;
@@ -113,10 +114,12 @@ impl Sim {
                 self.w().cpus[cpu.index()].thread = None;
             }
             if let Some(t) = self.pick(cpu) {
-                self.switch_to(cpu, t).await;
+                self.switch_to(cpu, t, from_idle).await;
+                from_idle = false;
                 continue;
             }
             self.idle(cpu).await;
+            from_idle = true;
         }
     }
 
@@ -151,7 +154,10 @@ impl Sim {
             .any(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))
     }
 
-    async fn switch_to(&self, cpu: CpuId, t: ThreadId) {
+    /// Runs `t` on `cpu`, loading its address space unless it is the one
+    /// loaded (`from_idle`: the CPU leaves the idle loop, where a
+    /// `lazy_tlb` kernel kept it).
+    async fn switch_to(&self, cpu: CpuId, t: ThreadId, from_idle: bool) {
         let (old, new) = {
             let w = self.w();
             let task = w.threads[t.0 as usize].task;
@@ -166,6 +172,10 @@ impl Sim {
             self.delay(cpu, Cycles(cs)).await;
             p.activate(self, cpu, new).await;
         } else {
+            if from_idle {
+                // Lazy TLB mode paid off: no CR3 load, the TLB kept.
+                self.count("sched.lazy_tlb_kept", 1);
+            }
             self.delay(cpu, Cycles(cs)).await;
         }
         let mut w = self.w();
@@ -177,7 +187,10 @@ impl Sim {
     async fn idle(&self, cpu: CpuId) {
         let p = self.protocol();
         let old = self.w().cpus[cpu.index()].pmap;
-        if let Some(o) = old {
+        let lazy = p.lazy_tlb();
+        if let Some(o) = old
+            && !lazy
+        {
             p.deactivate(self, cpu, o).await;
         }
         self.w().cpus[cpu.index()].idle = true;

@@ -16,12 +16,14 @@
 //! `flush_tlb_all`, which flushes global entries as well.
 //!
 //! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
-//! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU whose thread
-//! sleeps runs the idle task in lazy TLB mode: a shootdown that reaches it
-//! makes it leave the address space instead of flushing (`leave_mm`:
-//! out of `cpu_vm_mask`, CR3 loaded with the kernel's tables), so later
-//! shootdowns pass it by; `switch_mm` loads the address space again when
-//! the thread is switched back in.
+//! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU that runs the
+//! idle task (its thread sleeps on a lock, or it has none) is in lazy TLB
+//! mode (`lazy_tlb`): it keeps the last address space loaded, and a
+//! shootdown that reaches it makes it leave instead of flushing
+//! (`leave_mm`: out of `cpu_vm_mask`, CR3 loaded with the kernel's
+//! tables), so later shootdowns pass it by; `switch_mm` loads the address
+//! space again when a thread of it is switched in, and does nothing if
+//! the CPU never left.
 
 use std::cell::{Cell, RefCell};
 
@@ -104,6 +106,13 @@ impl Protocol for Linux {
         true
     }
 
+    /// 2.6.15's `enter_lazy_tlb`: the idle task borrows the last address
+    /// space (`active_mm`), and `smp_invalidate_interrupt` makes a lazy
+    /// CPU `leave_mm`.
+    fn lazy_tlb(&self) -> bool {
+        true
+    }
+
     fn init(&self, sim: &Sim) {
         self.lock.set(Some(sim.new_lock()));
         *self.mask.borrow_mut() = CpuSet::new(sim.w().cpus.len());
@@ -176,15 +185,24 @@ impl Protocol for Linux {
                 return;
             }
             let loaded = sim.w().pmaps[r.pmap.0 as usize].in_use.contains(me);
-            if loaded && r.pmap != KERNEL_PMAP && sim.lock_sleeping(me) {
-                // Lazy TLB mode (its thread sleeps, the CPU runs the idle
-                // task): `leave_mm` instead of the flush, so that later
-                // shootdowns of this address space pass it by.
+            if loaded && r.pmap != KERNEL_PMAP && sim.runs_idle_task(me) {
+                // Lazy TLB mode (the CPU runs the idle task: its thread
+                // sleeps on a lock, or it has none): `leave_mm` instead
+                // of the flush, so that later shootdowns of this address
+                // space pass it by.
                 if self.lazy_skips_flush {
                     sim.count("linux.lazy_skipped_flush", 1);
                 } else {
+                    let sleeping = sim.lock_sleeping(me);
                     let f = sim.leave_mm_lazily(me, r.pmap);
-                    sim.count("linux.lazy_leave_mm", 1);
+                    sim.count(
+                        if sleeping {
+                            "linux.lazy_leave_mm"
+                        } else {
+                            "linux.idle_leave_mm"
+                        },
+                        1,
+                    );
                     sim.delay(me, f).await;
                 }
             } else if loaded {

@@ -75,6 +75,14 @@ impl Protocol for Unitd {
         true
     }
 
+    /// The same kernel's lazy TLB mode: an idle CPU keeps the last
+    /// address space loaded (no shootdown ever makes it leave: the
+    /// hardware keeps its TLB coherent), so the next thread of that task
+    /// there needs no CR3 load.
+    fn lazy_tlb(&self) -> bool {
+        true
+    }
+
     fn tlb_hardware(&self) -> TlbHardware {
         let mut f = Faults::default();
         match self.variant {
