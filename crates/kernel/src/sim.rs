@@ -967,9 +967,7 @@ impl Sim {
                     }
                 }
                 Event::UserSlice { cpu, generation } => {
-                    if self.w().cpus[cpu.index()].slice_gen == generation {
-                        self.user_slice(cpu, ev.0);
-                    }
+                    self.user_slices(cpu, generation, ev.0, max);
                 }
                 Event::Irq { cpu, irq } => self.irq_arrive(cpu, irq, ev.0),
                 Event::WakeThread(t) => self.make_runnable(t),
@@ -1119,97 +1117,24 @@ impl Sim {
 
     // ----- the hot path --------------------------------------------------
 
-    fn user_slice(&self, cpu: CpuId, t: Cycles) {
+    /// Runs the user slice `(cpu, generation)` popped at `t`, then, under
+    /// the same borrow of the world, every following event for as long as
+    /// it is a user slice, picked as the main loop would pick it: kernel
+    /// events and spinners' wake-ups win ties, nothing runs after a stop
+    /// or past `max`. Almost every simulated reference ends its slice, so
+    /// this is the loop a run spends its time in.
+    fn user_slices(&self, mut cpu: CpuId, mut generation: u64, mut t: Cycles, max: Cycles) {
         let mut wb = self.w();
-        let w = &mut *wb;
-        let ci = cpu.index();
-        let quantum = w.cfg.quantum_cycles.max(1);
-        let tid = w.cpus[ci].thread.expect("user mode without a thread");
-        let local = w.cpus[ci].local.max(t);
-        w.cpus[ci].local = local;
-        w.cpus[ci].slice_start = local;
-        // An access in flight from the last slice performs (or replays)
-        // first (romanescu10 §5.1).
-        retire_inflight(w, cpu);
-        // Back from the kernel, the thread fetches its loop's code again
-        // (I-TLB, L1I). The stall does not eat the quantum, like a
-        // reference's that starts before the end.
-        let mut fetch_fault = if std::mem::take(&mut w.cpus[ci].fetch_due) {
-            fetch_instruction(w, cpu, tid)
-        } else {
-            None
-        };
-        let end = w.cpus[ci].local + Cycles(quantum);
-        let mut program = w.threads[tid.0 as usize]
-            .program
-            .take()
-            .expect("thread without a program");
-        let trap = loop {
-            if fetch_fault.is_some() {
-                break fetch_fault.take();
-            }
-            let left = w.threads[tid.0 as usize].compute_left;
-            if left > 0 {
-                let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
-                w.cpus[ci].local += Cycles(room);
-                w.threads[tid.0 as usize].compute_left -= room;
-                if w.threads[tid.0 as usize].compute_left > 0 {
-                    break None;
-                }
-            }
-            let trapped = if w.memsys.is_some() {
-                run_batch::<true>(w, cpu, tid, end)
-            } else {
-                run_batch::<false>(w, cpu, tid, end)
-            };
-            if let Some(t) = trapped {
-                break Some(t);
-            }
-            if w.cpus[ci].local >= end {
-                break None;
-            }
-            let th = &mut w.threads[tid.0 as usize];
-            let mut ctx = crate::program::ThreadCtx {
-                thread: tid,
-                cpu,
-                now: w.cpus[ci].local,
-                last_load: th.last_load,
-                ret: th.ret,
-                fault: th.fault.take(),
-                rng: &mut th.rng,
-                end_run: false,
-            };
-            let op = program.next(&mut ctx);
-            if ctx.end_run {
-                w.stop = true;
-            }
-            match op {
-                Op::Refs(r) => {
-                    if r.count > 0 {
-                        th.batch = Some((r, 0));
-                    }
-                }
-                // Computation is consumed slice by slice like references,
-                // so an interrupt never waits for a whole computation.
-                Op::Compute(c) => th.compute_left = c,
-                other => break Some(Trap::Op(other)),
-            }
-            // A new loop: its code is fetched (a fault on the text page
-            // traps; the loop runs after the fault is handled).
-            fetch_fault = fetch_instruction(w, cpu, tid);
-            if w.stop {
-                break None;
-            }
-        };
-        w.threads[tid.0 as usize].program = Some(program);
-        let at = w.cpus[ci].local;
-        match trap {
-            None => {
-                w.cpus[ci].slice_gen += 1;
-                let generation = w.cpus[ci].slice_gen;
-                w.slices.push(at, (cpu, generation));
-            }
-            Some(trap) => {
+        loop {
+            let w = &mut *wb;
+            // A stale slice (cancelled by an interrupt or a window) is
+            // dropped.
+            if w.cpus[cpu.index()].slice_gen == generation
+                && let Some(trap) = user_slice(w, cpu, t)
+            {
+                let ci = cpu.index();
+                let tid = w.cpus[ci].thread.expect("user mode without a thread");
+                let at = w.cpus[ci].local;
                 w.cpus[ci].slice_gen += 1;
                 w.threads[tid.0 as usize].trap = Some(trap);
                 drop(wb);
@@ -1219,13 +1144,118 @@ impl Sim {
                     at,
                     Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Trap).await }),
                 );
+                return;
             }
+            if w.stop {
+                return;
+            }
+            let Some(next) = w.slices.peek_time() else {
+                return;
+            };
+            if next > max
+                || w.queue.peek_time().is_some_and(|k| k <= next)
+                || w.spin_wakes.peek_time().is_some_and(|s| s <= next)
+            {
+                return;
+            }
+            w.now = next;
+            (t, (cpu, generation)) = w.slices.pop().expect("peeked");
         }
     }
 
     pub fn into_world_report(&self) -> OracleReport {
         self.w().oracle.report()
     }
+}
+
+/// One user slice of `cpu` starting at `t`: the thread runs its
+/// references and computations until the quantum ends (the next slice is
+/// queued) or it traps (returned; the caller enters the kernel).
+fn user_slice(w: &mut World, cpu: CpuId, t: Cycles) -> Option<Trap> {
+    let ci = cpu.index();
+    let quantum = w.cfg.quantum_cycles.max(1);
+    let tid = w.cpus[ci].thread.expect("user mode without a thread");
+    let local = w.cpus[ci].local.max(t);
+    w.cpus[ci].local = local;
+    w.cpus[ci].slice_start = local;
+    // An access in flight from the last slice performs (or replays)
+    // first (romanescu10 §5.1).
+    retire_inflight(w, cpu);
+    // Back from the kernel, the thread fetches its loop's code again
+    // (I-TLB, L1I). The stall does not eat the quantum, like a
+    // reference's that starts before the end.
+    let mut fetch_fault = if std::mem::take(&mut w.cpus[ci].fetch_due) {
+        fetch_instruction(w, cpu, tid)
+    } else {
+        None
+    };
+    let end = w.cpus[ci].local + Cycles(quantum);
+    let trap = loop {
+        if fetch_fault.is_some() {
+            break fetch_fault.take();
+        }
+        let left = w.threads[tid.0 as usize].compute_left;
+        if left > 0 {
+            let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
+            w.cpus[ci].local += Cycles(room);
+            w.threads[tid.0 as usize].compute_left -= room;
+            if w.threads[tid.0 as usize].compute_left > 0 {
+                break None;
+            }
+        }
+        let trapped = if w.memsys.is_some() {
+            run_batch::<true>(w, cpu, tid, end)
+        } else {
+            run_batch::<false>(w, cpu, tid, end)
+        };
+        if let Some(t) = trapped {
+            break Some(t);
+        }
+        if w.cpus[ci].local >= end {
+            break None;
+        }
+        let th = &mut w.threads[tid.0 as usize];
+        // (Borrowed in place, not taken out and put back every slice.)
+        let program = th.program.as_mut().expect("thread without a program");
+        let mut ctx = crate::program::ThreadCtx {
+            thread: tid,
+            cpu,
+            now: w.cpus[ci].local,
+            last_load: th.last_load,
+            ret: th.ret,
+            fault: th.fault.take(),
+            rng: &mut th.rng,
+            end_run: false,
+        };
+        let op = program.next(&mut ctx);
+        if ctx.end_run {
+            w.stop = true;
+        }
+        match op {
+            Op::Refs(r) => {
+                if r.count > 0 {
+                    th.batch = Some((r, 0));
+                }
+            }
+            // Computation is consumed slice by slice like references,
+            // so an interrupt never waits for a whole computation.
+            Op::Compute(c) => th.compute_left = c,
+            other => break Some(Trap::Op(other)),
+        }
+        // A new loop: its code is fetched (a fault on the text page
+        // traps; the loop runs after the fault is handled).
+        fetch_fault = fetch_instruction(w, cpu, tid);
+        if w.stop {
+            break None;
+        }
+    };
+    if trap.is_none() {
+        let c = &mut w.cpus[ci];
+        c.slice_gen += 1;
+        let (at, generation) = (c.local, c.slice_gen);
+        w.slices.push(at, (cpu, generation));
+    }
+    trap
 }
 
 /// The earlier of two optional times.
@@ -1290,7 +1320,9 @@ fn run_batch<const MEM: bool>(
                         }
                     };
                     w.cpus[ci].local += lat;
-                    let entry = *w.cpus[ci].tlb.entry(slot);
+                    let retry = std::mem::take(&mut w.cpus[ci].replaying);
+                    // (Read in place: the access may have invalidated it.)
+                    let entry = w.cpus[ci].tlb.entry(slot);
                     // A miss that outlives the slice: the access performs
                     // (or replays) when this CPU next runs. An L1 hit
                     // performs at once (there is no miss to die during),
@@ -1303,21 +1335,25 @@ fn run_batch<const MEM: bool>(
                     // blocks that hold each other's PTEs would otherwise
                     // kill each other's retries forever (the paper does not
                     // say how UNITD guarantees progress there).
-                    let retry = std::mem::take(&mut w.cpus[ci].replaying);
                     if w.park_inflight
                         && w.cpus[ci].local >= end
                         && lat > w.l1_hit
                         && entry.valid
                         && !retry
                     {
-                        // its data, for when it performs
-                        w.mem.prefetch(pfn, off);
-                        w.cpus[ci].inflight = Some(crate::cpu::InFlight {
+                        let f = crate::cpu::InFlight {
                             slot,
-                            entry,
+                            pfn: entry.pfn,
+                            oracle_slot: entry.oracle_slot,
+                            fill_epoch: entry.fill_epoch,
+                            dirty: entry.dirty,
                             va,
                             killed: false,
-                        });
+                        };
+                        debug_assert_eq!(f.pfn, pfn, "the entry translated this access");
+                        // its data, for when it performs
+                        w.mem.prefetch(pfn, off);
+                        w.cpus[ci].inflight = Some(f);
                         break;
                     }
                 }
@@ -1340,11 +1376,11 @@ fn run_batch<const MEM: bool>(
     }
     let th = &mut w.threads[tid.0 as usize];
     th.last_load = last_load;
-    th.batch = if pos < refs.count {
-        Some((refs, pos))
-    } else {
-        None
-    };
+    // Only the position changes while the batch lasts.
+    match &mut th.batch {
+        Some((_, p)) if pos < refs.count => *p = pos,
+        b => *b = None,
+    }
     trap
 }
 
@@ -1390,30 +1426,37 @@ pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
             return;
         }
     }
-    let th = &w.threads[tid.0 as usize];
-    let (refs, pos) = th.batch.expect("an access in flight outside a batch");
-    debug_assert_eq!(
-        refs.va(pos),
-        f.va,
-        "the in-flight access is the batch's next"
-    );
-    let store = !matches!(refs.kind, RefKind::Load);
+    let (kind, count, pos) = match &w.threads[tid.0 as usize].batch {
+        Some((refs, pos)) => {
+            debug_assert_eq!(
+                refs.va(*pos),
+                f.va,
+                "the in-flight access is the batch's next"
+            );
+            (refs.kind, refs.count, *pos)
+        }
+        None => panic!("an access in flight outside a batch"),
+    };
+    let store = !matches!(kind, RefKind::Load);
     let ctx = UseCtx {
         cpu,
         thread: tid.0,
         va: f.va,
         time: w.cpus[ci].local,
     };
-    let e = f.entry;
     w.oracle
-        .recheck_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+        .recheck_use(f.oracle_slot, f.fill_epoch, f.pfn, f.dirty, store, ctx);
     let off = (f.va & (PAGE_SIZE - 1)) & !7;
-    let loaded = perform(w, e.pfn, off, refs.kind);
+    let loaded = perform(w, f.pfn, off, kind);
     let th = &mut w.threads[tid.0 as usize];
     if let Some(v) = loaded {
         th.last_load = v;
     }
-    th.batch = (pos + 1 < refs.count).then_some((refs, pos + 1));
+    // Only the position changes while the batch lasts.
+    match &mut th.batch {
+        Some((_, p)) if pos + 1 < count => *p = pos + 1,
+        b => *b = None,
+    }
 }
 
 /// A software-refilled TLB's miss (or modify) trap: the handler's cost
