@@ -1234,7 +1234,7 @@ fn user_slice(w: &mut World, cpu: CpuId, t: Cycles) -> Option<Trap> {
         match op {
             Op::Refs(r) => {
                 if r.count > 0 {
-                    th.batch = Some((r, 0));
+                    th.batch = Some(crate::program::Batch::new(r));
                 }
             }
             // Computation is consumed slice by slice like references,
@@ -1289,16 +1289,16 @@ fn run_batch<const MEM: bool>(
 ) -> Option<Trap> {
     let ci = cpu.index();
     let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
-    let (refs, mut pos) = w.threads[tid.0 as usize].batch?;
+    let mut b = w.threads[tid.0 as usize].batch?;
+    let refs = b.refs;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
-    // Addresses are generated incrementally (no division per reference).
-    let mut va = refs.va(pos);
-    let wrap_end = refs.base + refs.wrap;
-    let step_back = refs.wrap;
-    let stride_fits = refs.wrap == 0 || refs.stride < refs.wrap;
     let store = !matches!(refs.kind, RefKind::Load);
-    while pos < refs.count && w.cpus[ci].local < end {
+    let park_inflight = MEM && w.park_inflight;
+    let l1_hit = w.l1_hit;
+    let mut more = b.pos < refs.count;
+    while more && w.cpus[ci].local < end {
+        let va = b.va;
         match translate::<MEM>(w, cpu, tid, va, store) {
             Ok((pfn, slot)) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -1306,7 +1306,6 @@ fn run_batch<const MEM: bool>(
                     // the next reference of a sweep, while the caches work
                     w.mem.prefetch(pfn, off + refs.stride);
                 }
-                w.cpus[ci].local += ref_cycles;
                 if MEM {
                     // The access goes through the caches (and, being a
                     // store, self-snoops the PCAMs: romanescu10 §5.2).
@@ -1319,10 +1318,10 @@ fn run_batch<const MEM: bool>(
                                 + w.mem_access(cpu, pa, AccessKind::Store)
                         }
                     };
-                    w.cpus[ci].local += lat;
-                    let retry = std::mem::take(&mut w.cpus[ci].replaying);
-                    // (Read in place: the access may have invalidated it.)
-                    let entry = w.cpus[ci].tlb.entry(slot);
+                    // (The memory system never reads a CPU's clock, so the
+                    // reference's own cycles are added with its latency.)
+                    let c = &mut w.cpus[ci];
+                    c.local += ref_cycles + lat;
                     // A miss that outlives the slice: the access performs
                     // (or replays) when this CPU next runs. An L1 hit
                     // performs at once (there is no miss to die during),
@@ -1335,13 +1334,12 @@ fn run_batch<const MEM: bool>(
                     // blocks that hold each other's PTEs would otherwise
                     // kill each other's retries forever (the paper does not
                     // say how UNITD guarantees progress there).
-                    if w.park_inflight
-                        && w.cpus[ci].local >= end
-                        && lat > w.l1_hit
-                        && entry.valid
-                        && !retry
-                    {
-                        let f = crate::cpu::InFlight {
+                    let retry = std::mem::take(&mut c.replaying);
+                    // (Read after the access, which may have invalidated it.)
+                    let entry = c.tlb.entry(slot);
+                    if park_inflight && c.local >= end && lat > l1_hit && entry.valid && !retry {
+                        debug_assert_eq!(entry.pfn, pfn, "the entry translated this access");
+                        c.inflight = Some(crate::cpu::InFlight {
                             slot,
                             pfn: entry.pfn,
                             oracle_slot: entry.oracle_slot,
@@ -1349,24 +1347,16 @@ fn run_batch<const MEM: bool>(
                             dirty: entry.dirty,
                             va,
                             killed: false,
-                        };
-                        debug_assert_eq!(f.pfn, pfn, "the entry translated this access");
+                        });
                         // its data, for when it performs
                         w.mem.prefetch(pfn, off);
-                        w.cpus[ci].inflight = Some(f);
                         break;
                     }
+                } else {
+                    w.cpus[ci].local += ref_cycles;
                 }
                 last_load = perform(w, pfn, off, refs.kind).unwrap_or(last_load);
-                pos += 1;
-                if stride_fits {
-                    va += refs.stride;
-                    if refs.wrap > 0 && va >= wrap_end {
-                        va -= step_back;
-                    }
-                } else {
-                    va = refs.va(pos);
-                }
+                more = b.advance();
             }
             Err(()) => {
                 trap = Some(Trap::Fault { va, store });
@@ -1378,8 +1368,8 @@ fn run_batch<const MEM: bool>(
     th.last_load = last_load;
     // Only the position changes while the batch lasts.
     match &mut th.batch {
-        Some((_, p)) if pos < refs.count => *p = pos,
-        b => *b = None,
+        Some(tb) if more => (tb.pos, tb.va) = (b.pos, b.va),
+        tb => *tb = None,
     }
     trap
 }
@@ -1426,14 +1416,10 @@ pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
             return;
         }
     }
-    let (kind, count, pos) = match &w.threads[tid.0 as usize].batch {
-        Some((refs, pos)) => {
-            debug_assert_eq!(
-                refs.va(*pos),
-                f.va,
-                "the in-flight access is the batch's next"
-            );
-            (refs.kind, refs.count, *pos)
+    let kind = match &w.threads[tid.0 as usize].batch {
+        Some(b) => {
+            debug_assert_eq!(b.va, f.va, "the in-flight access is the batch's next");
+            b.refs.kind
         }
         None => panic!("an access in flight outside a batch"),
     };
@@ -1452,10 +1438,9 @@ pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
     if let Some(v) = loaded {
         th.last_load = v;
     }
-    // Only the position changes while the batch lasts.
-    match &mut th.batch {
-        Some((_, p)) if pos + 1 < count => *p = pos + 1,
-        b => *b = None,
+    let b = th.batch.as_mut().expect("checked above");
+    if !b.advance() {
+        th.batch = None;
     }
 }
 
