@@ -180,6 +180,15 @@ impl Oracle {
         })
     }
 
+    /// Host-only hint: brings `slot`'s shadow entry closer before a use
+    /// is checked against it.
+    #[inline]
+    pub fn prefetch(&self, slot: u32) {
+        if let Some(s) = self.slots.get(slot as usize) {
+            crate::prefetch(s);
+        }
+    }
+
     pub fn epoch(&self, slot: u32) -> u32 {
         self.slots[slot as usize].epoch
     }

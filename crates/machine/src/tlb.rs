@@ -215,6 +215,36 @@ impl Tlb {
         found
     }
 
+    /// Host-only hint: brings the TLB's own fields (sizes, masks, where
+    /// its arrays are) closer, ahead of a `prefetch` or a lookup.
+    #[inline]
+    pub fn prefetch_header(&self) {
+        crate::prefetch(&self.hint);
+        crate::prefetch(&self.slots);
+        crate::prefetch(&self.set_mask);
+        crate::prefetch(&self.clock);
+    }
+
+    /// Host-only hint: brings what a lookup of `vpn` reads (its hint, its
+    /// set's entries and stamps) closer. No effect on the TLB.
+    #[inline]
+    pub fn prefetch(&self, vpn: Vpn) {
+        if let Some(h) = self.hint.get((vpn.0 & self.hint_mask) as usize) {
+            crate::prefetch(h);
+        }
+        let set_base = ((vpn.0 & self.set_mask) as usize) * self.ways;
+        for e in self
+            .slots
+            .get(set_base..set_base + self.ways)
+            .unwrap_or(&[])
+        {
+            crate::prefetch(e);
+        }
+        if let Some(st) = self.stamp.get(set_base) {
+            crate::prefetch(st);
+        }
+    }
+
     /// Looks without counting or touching replacement state.
     pub fn probe(&self, vpn: Vpn, asid: Asid) -> Option<usize> {
         let asid = self.tag_asid(asid);
