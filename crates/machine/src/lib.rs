@@ -26,13 +26,21 @@ pub use tlb::{Policy, Refill, Tlb, TlbConfig, TlbEntry};
 /// nothing the program can observe.
 #[inline(always)]
 pub fn prefetch<T>(r: &T) {
+    prefetch_ptr(r as *const T);
+}
+
+/// As [`prefetch`], for an address that need not be valid (a prefetch
+/// never faults), so that callers skip bounds checks: the hint is
+/// wasted, never wrong, if the address is off.
+#[inline(always)]
+pub fn prefetch_ptr<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and reads nothing the program sees;
     // SSE is part of the x86-64 baseline.
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = r;
+    let _ = p;
 }

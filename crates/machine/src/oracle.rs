@@ -184,9 +184,7 @@ impl Oracle {
     /// is checked against it.
     #[inline]
     pub fn prefetch(&self, slot: u32) {
-        if let Some(s) = self.slots.get(slot as usize) {
-            crate::prefetch(s);
-        }
+        crate::prefetch_ptr(self.slots.as_ptr().wrapping_add(slot as usize));
     }
 
     pub fn epoch(&self, slot: u32) -> u32 {

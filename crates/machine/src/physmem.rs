@@ -162,9 +162,7 @@ impl PhysMem {
     /// would wait for the record); no effect on the simulation.
     #[inline]
     pub fn prefetch_frame(&self, pfn: Pfn) {
-        if let Some(f) = self.frames.get(pfn.0 as usize) {
-            crate::prefetch(f);
-        }
+        crate::prefetch_ptr(self.frames.as_ptr().wrapping_add(pfn.0 as usize));
     }
 
     #[inline]

@@ -229,20 +229,20 @@ impl Tlb {
     /// set's entries and stamps) closer. No effect on the TLB.
     #[inline]
     pub fn prefetch(&self, vpn: Vpn) {
-        if let Some(h) = self.hint.get((vpn.0 & self.hint_mask) as usize) {
-            crate::prefetch(h);
-        }
+        // (Addresses only, in bounds by construction: see `prefetch_ptr`.)
+        let h = (vpn.0 & self.hint_mask) as usize;
+        crate::prefetch_ptr(self.hint.as_ptr().wrapping_add(h));
         let set_base = ((vpn.0 & self.set_mask) as usize) * self.ways;
-        for e in self
-            .slots
-            .get(set_base..set_base + self.ways)
-            .unwrap_or(&[])
-        {
-            crate::prefetch(e);
+        crate::prefetch_ptr(self.stamp.as_ptr().wrapping_add(set_base));
+        // every line the set's entries span
+        let set = self.slots.as_ptr().wrapping_add(set_base).cast::<u8>();
+        let bytes = self.ways * std::mem::size_of::<TlbEntry>();
+        let mut off = 0;
+        while off < bytes {
+            crate::prefetch_ptr(set.wrapping_add(off));
+            off += 64;
         }
-        if let Some(st) = self.stamp.get(set_base) {
-            crate::prefetch(st);
-        }
+        crate::prefetch_ptr(set.wrapping_add(bytes - 1));
     }
 
     /// Looks without counting or touching replacement state.
