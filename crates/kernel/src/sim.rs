@@ -1194,8 +1194,8 @@ fn prefetch_cpu(w: &World, cpu: CpuId) {
     }
 }
 
-/// See `prefetch_cpu`: the access in flight's oracle entry and frame
-/// record, the thread's batch, and the TLB set of the in-flight page
+/// See `prefetch_cpu`: the access in flight's oracle entry and data,
+/// the thread's batch, and the TLB set of the in-flight page
 /// (where the batch's next reference usually is).
 #[inline]
 fn prefetch_slice(w: &World, cpu: CpuId) {
@@ -1204,7 +1204,8 @@ fn prefetch_slice(w: &World, cpu: CpuId) {
     };
     if let Some(f) = &c.inflight {
         w.oracle.prefetch(f.oracle_slot);
-        w.mem.prefetch_frame(f.pfn);
+        // (its data word: the frame record is read to find it)
+        w.mem.prefetch(f.pfn, (f.va & (PAGE_SIZE - 1)) & !7);
         c.tlb.prefetch(Vpn(f.va >> PAGE_SHIFT));
     }
     if let Some(th) = c.thread.and_then(|t| w.threads.get(t.0 as usize)) {
@@ -1446,6 +1447,9 @@ fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> 
 /// reference stays next in the batch and is looked up again — else it
 /// performs now, its translation checked again by the oracle. Called when
 /// the CPU next runs: its next slice, or before it takes an interrupt.
+/// Always inlined: once per slice, and the call (register saves, the CPU
+/// looked up again) cost as much as its common path.
+#[inline(always)]
 pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
     let ci = cpu.index();
     let Some(f) = w.cpus[ci].inflight.take() else {

@@ -158,13 +158,6 @@ impl PhysMem {
         }
     }
 
-    /// Hints the host to fetch frame `pfn`'s record (not its data: that
-    /// would wait for the record); no effect on the simulation.
-    #[inline]
-    pub fn prefetch_frame(&self, pfn: Pfn) {
-        crate::prefetch_ptr(self.frames.as_ptr().wrapping_add(pfn.0 as usize));
-    }
-
     #[inline]
     pub fn store(&mut self, pfn: Pfn, offset: u64, value: u64) {
         self.data_mut(pfn)[(offset / 8) as usize] = value;
