@@ -187,6 +187,13 @@ impl<E: Copy> SmallQueue<E> {
             .map(|&(k, _)| Cycles((k >> 64) as u64))
     }
 
+    /// The event `n` pops from now would return (0: the next), if no push
+    /// comes first; left in place.
+    #[inline]
+    pub fn peek_nth(&self, n: usize) -> Option<&E> {
+        self.entries.get(self.head + n).map(|(_, e)| e)
+    }
+
     pub fn now(&self) -> Cycles {
         self.now
     }

@@ -111,9 +111,15 @@ pub struct Cpu {
 /// (§5.1) instead of performing.
 #[derive(Clone, Copy, Debug)]
 pub struct InFlight {
-    /// The D-TLB slot of the translation, and that entry as it was used.
+    /// The D-TLB slot of the translation.
     pub slot: usize,
-    pub entry: mmulab_machine::TlbEntry,
+    /// What the access needs of that entry as it was used: its frame, and
+    /// what the oracle checks again when the access performs (the whole
+    /// entry is not copied: this is written once per simulated miss).
+    pub pfn: mmulab_machine::Pfn,
+    pub oracle_slot: u32,
+    pub fill_epoch: u32,
+    pub dirty: bool,
     pub va: u64,
     /// Set when a PCAM hit invalidated `slot` while the access was in
     /// flight.

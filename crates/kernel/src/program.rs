@@ -47,6 +47,44 @@ impl Refs {
     }
 }
 
+/// A batch of references under way: `pos` references done, the next at
+/// `va`. The address is kept rather than recomputed from `pos` so that
+/// resuming a batch, once per slice, costs no division.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch {
+    pub refs: Refs,
+    pub pos: u64,
+    pub va: u64,
+}
+
+impl Batch {
+    pub fn new(refs: Refs) -> Batch {
+        Batch {
+            refs,
+            pos: 0,
+            va: refs.va(0),
+        }
+    }
+
+    /// Steps to the next reference; false when the batch is done.
+    #[inline]
+    pub fn advance(&mut self) -> bool {
+        let r = &self.refs;
+        self.pos += 1;
+        if r.wrap == 0 || r.stride < r.wrap {
+            // incremental: at most one wrap per step
+            self.va = self.va.wrapping_add(r.stride);
+            if r.wrap > 0 && self.va >= r.base + r.wrap {
+                self.va -= r.wrap;
+            }
+        } else {
+            self.va = r.va(self.pos);
+        }
+        debug_assert_eq!(self.va, r.va(self.pos));
+        self.pos < r.count
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prot {
     None,

@@ -967,9 +967,7 @@ impl Sim {
                     }
                 }
                 Event::UserSlice { cpu, generation } => {
-                    if self.w().cpus[cpu.index()].slice_gen == generation {
-                        self.user_slice(cpu, ev.0);
-                    }
+                    self.user_slices(cpu, generation, ev.0, max);
                 }
                 Event::Irq { cpu, irq } => self.irq_arrive(cpu, irq, ev.0),
                 Event::WakeThread(t) => self.make_runnable(t),
@@ -1119,97 +1117,31 @@ impl Sim {
 
     // ----- the hot path --------------------------------------------------
 
-    fn user_slice(&self, cpu: CpuId, t: Cycles) {
+    /// Runs the user slice `(cpu, generation)` popped at `t`, then, under
+    /// the same borrow of the world, every following event for as long as
+    /// it is a user slice, picked as the main loop would pick it: kernel
+    /// events and spinners' wake-ups win ties, nothing runs after a stop
+    /// or past `max`. Almost every simulated reference ends its slice, so
+    /// this is the loop a run spends its time in.
+    fn user_slices(&self, mut cpu: CpuId, mut generation: u64, mut t: Cycles, max: Cycles) {
         let mut wb = self.w();
-        let w = &mut *wb;
-        let ci = cpu.index();
-        let quantum = w.cfg.quantum_cycles.max(1);
-        let tid = w.cpus[ci].thread.expect("user mode without a thread");
-        let local = w.cpus[ci].local.max(t);
-        w.cpus[ci].local = local;
-        w.cpus[ci].slice_start = local;
-        // An access in flight from the last slice performs (or replays)
-        // first (romanescu10 §5.1).
-        retire_inflight(w, cpu);
-        // Back from the kernel, the thread fetches its loop's code again
-        // (I-TLB, L1I). The stall does not eat the quantum, like a
-        // reference's that starts before the end.
-        let mut fetch_fault = if std::mem::take(&mut w.cpus[ci].fetch_due) {
-            fetch_instruction(w, cpu, tid)
-        } else {
-            None
-        };
-        let end = w.cpus[ci].local + Cycles(quantum);
-        let mut program = w.threads[tid.0 as usize]
-            .program
-            .take()
-            .expect("thread without a program");
-        let trap = loop {
-            if fetch_fault.is_some() {
-                break fetch_fault.take();
+        loop {
+            let w = &mut *wb;
+            // Host-only hints for the slices to come (see prefetch_slice).
+            if let Some(&(after, _)) = w.slices.peek_nth(1) {
+                prefetch_cpu(w, after);
             }
-            let left = w.threads[tid.0 as usize].compute_left;
-            if left > 0 {
-                let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
-                w.cpus[ci].local += Cycles(room);
-                w.threads[tid.0 as usize].compute_left -= room;
-                if w.threads[tid.0 as usize].compute_left > 0 {
-                    break None;
-                }
+            if let Some(&(next, _)) = w.slices.peek_nth(0) {
+                prefetch_slice(w, next);
             }
-            let trapped = if w.memsys.is_some() {
-                run_batch::<true>(w, cpu, tid, end)
-            } else {
-                run_batch::<false>(w, cpu, tid, end)
-            };
-            if let Some(t) = trapped {
-                break Some(t);
-            }
-            if w.cpus[ci].local >= end {
-                break None;
-            }
-            let th = &mut w.threads[tid.0 as usize];
-            let mut ctx = crate::program::ThreadCtx {
-                thread: tid,
-                cpu,
-                now: w.cpus[ci].local,
-                last_load: th.last_load,
-                ret: th.ret,
-                fault: th.fault.take(),
-                rng: &mut th.rng,
-                end_run: false,
-            };
-            let op = program.next(&mut ctx);
-            if ctx.end_run {
-                w.stop = true;
-            }
-            match op {
-                Op::Refs(r) => {
-                    if r.count > 0 {
-                        th.batch = Some((r, 0));
-                    }
-                }
-                // Computation is consumed slice by slice like references,
-                // so an interrupt never waits for a whole computation.
-                Op::Compute(c) => th.compute_left = c,
-                other => break Some(Trap::Op(other)),
-            }
-            // A new loop: its code is fetched (a fault on the text page
-            // traps; the loop runs after the fault is handled).
-            fetch_fault = fetch_instruction(w, cpu, tid);
-            if w.stop {
-                break None;
-            }
-        };
-        w.threads[tid.0 as usize].program = Some(program);
-        let at = w.cpus[ci].local;
-        match trap {
-            None => {
-                w.cpus[ci].slice_gen += 1;
-                let generation = w.cpus[ci].slice_gen;
-                w.slices.push(at, (cpu, generation));
-            }
-            Some(trap) => {
+            // A stale slice (cancelled by an interrupt or a window) is
+            // dropped.
+            if w.cpus[cpu.index()].slice_gen == generation
+                && let Some(trap) = user_slice(w, cpu, t)
+            {
+                let ci = cpu.index();
+                let tid = w.cpus[ci].thread.expect("user mode without a thread");
+                let at = w.cpus[ci].local;
                 w.cpus[ci].slice_gen += 1;
                 w.threads[tid.0 as usize].trap = Some(trap);
                 drop(wb);
@@ -1219,13 +1151,157 @@ impl Sim {
                     at,
                     Box::pin(async move { sim.kernel_entry(cpu, crate::sched::Entry::Trap).await }),
                 );
+                return;
             }
+            if w.stop {
+                return;
+            }
+            let Some(next) = w.slices.peek_time() else {
+                return;
+            };
+            if next > max
+                || w.queue.peek_time().is_some_and(|k| k <= next)
+                || w.spin_wakes.peek_time().is_some_and(|s| s <= next)
+            {
+                return;
+            }
+            w.now = next;
+            (t, (cpu, generation)) = w.slices.pop().expect("peeked");
         }
     }
 
     pub fn into_world_report(&self) -> OracleReport {
         self.w().oracle.report()
     }
+}
+
+/// Host-only hints, given while other slices run, in two steps so that no
+/// hint waits on a miss: two slices ahead, `prefetch_cpu` brings the CPU's
+/// own fields closer; one slice ahead, `prefetch_slice` reads them and
+/// brings closer what the slice reads first. The memory system's work since
+/// a CPU's last slice has usually evicted all of it from the host's
+/// caches. Neither has any effect on the simulation.
+#[inline]
+fn prefetch_cpu(w: &World, cpu: CpuId) {
+    if let Some(c) = w.cpus.get(cpu.index()) {
+        mmulab_machine::prefetch(&c.local);
+        mmulab_machine::prefetch(&c.slice_gen);
+        mmulab_machine::prefetch(&c.inflight);
+        mmulab_machine::prefetch(&c.thread);
+        mmulab_machine::prefetch(&c.pmap);
+        mmulab_machine::prefetch(&c.fetch_due);
+        c.tlb.prefetch_header();
+    }
+}
+
+/// See `prefetch_cpu`: the access in flight's oracle entry and data,
+/// the thread's batch, and the TLB set of the in-flight page
+/// (where the batch's next reference usually is).
+#[inline]
+fn prefetch_slice(w: &World, cpu: CpuId) {
+    let Some(c) = w.cpus.get(cpu.index()) else {
+        return;
+    };
+    if let Some(f) = &c.inflight {
+        w.oracle.prefetch(f.oracle_slot);
+        // (its data word: the frame record is read to find it)
+        w.mem.prefetch(f.pfn, (f.va & (PAGE_SIZE - 1)) & !7);
+        c.tlb.prefetch(Vpn(f.va >> PAGE_SHIFT));
+    }
+    if let Some(th) = c.thread.and_then(|t| w.threads.get(t.0 as usize)) {
+        mmulab_machine::prefetch(&th.batch);
+        mmulab_machine::prefetch(&th.last_load);
+    }
+}
+
+/// One user slice of `cpu` starting at `t`: the thread runs its
+/// references and computations until the quantum ends (the next slice is
+/// queued) or it traps (returned; the caller enters the kernel).
+fn user_slice(w: &mut World, cpu: CpuId, t: Cycles) -> Option<Trap> {
+    let ci = cpu.index();
+    let quantum = w.cfg.quantum_cycles.max(1);
+    let tid = w.cpus[ci].thread.expect("user mode without a thread");
+    let local = w.cpus[ci].local.max(t);
+    w.cpus[ci].local = local;
+    w.cpus[ci].slice_start = local;
+    // An access in flight from the last slice performs (or replays)
+    // first (romanescu10 §5.1).
+    retire_inflight(w, cpu);
+    // Back from the kernel, the thread fetches its loop's code again
+    // (I-TLB, L1I). The stall does not eat the quantum, like a
+    // reference's that starts before the end.
+    let mut fetch_fault = if std::mem::take(&mut w.cpus[ci].fetch_due) {
+        fetch_instruction(w, cpu, tid)
+    } else {
+        None
+    };
+    let end = w.cpus[ci].local + Cycles(quantum);
+    let trap = loop {
+        if fetch_fault.is_some() {
+            break fetch_fault.take();
+        }
+        let left = w.threads[tid.0 as usize].compute_left;
+        if left > 0 {
+            let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
+            w.cpus[ci].local += Cycles(room);
+            w.threads[tid.0 as usize].compute_left -= room;
+            if w.threads[tid.0 as usize].compute_left > 0 {
+                break None;
+            }
+        }
+        let trapped = if w.memsys.is_some() {
+            run_batch::<true>(w, cpu, tid, end)
+        } else {
+            run_batch::<false>(w, cpu, tid, end)
+        };
+        if let Some(t) = trapped {
+            break Some(t);
+        }
+        if w.cpus[ci].local >= end {
+            break None;
+        }
+        let th = &mut w.threads[tid.0 as usize];
+        // (Borrowed in place, not taken out and put back every slice.)
+        let program = th.program.as_mut().expect("thread without a program");
+        let mut ctx = crate::program::ThreadCtx {
+            thread: tid,
+            cpu,
+            now: w.cpus[ci].local,
+            last_load: th.last_load,
+            ret: th.ret,
+            fault: th.fault.take(),
+            rng: &mut th.rng,
+            end_run: false,
+        };
+        let op = program.next(&mut ctx);
+        if ctx.end_run {
+            w.stop = true;
+        }
+        match op {
+            Op::Refs(r) => {
+                if r.count > 0 {
+                    th.batch = Some(crate::program::Batch::new(r));
+                }
+            }
+            // Computation is consumed slice by slice like references,
+            // so an interrupt never waits for a whole computation.
+            Op::Compute(c) => th.compute_left = c,
+            other => break Some(Trap::Op(other)),
+        }
+        // A new loop: its code is fetched (a fault on the text page
+        // traps; the loop runs after the fault is handled).
+        fetch_fault = fetch_instruction(w, cpu, tid);
+        if w.stop {
+            break None;
+        }
+    };
+    if trap.is_none() {
+        let c = &mut w.cpus[ci];
+        c.slice_gen += 1;
+        let (at, generation) = (c.local, c.slice_gen);
+        w.slices.push(at, (cpu, generation));
+    }
+    trap
 }
 
 /// The earlier of two optional times.
@@ -1259,16 +1335,16 @@ fn run_batch<const MEM: bool>(
 ) -> Option<Trap> {
     let ci = cpu.index();
     let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
-    let (refs, mut pos) = w.threads[tid.0 as usize].batch?;
+    let mut b = w.threads[tid.0 as usize].batch?;
+    let refs = b.refs;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
-    // Addresses are generated incrementally (no division per reference).
-    let mut va = refs.va(pos);
-    let wrap_end = refs.base + refs.wrap;
-    let step_back = refs.wrap;
-    let stride_fits = refs.wrap == 0 || refs.stride < refs.wrap;
     let store = !matches!(refs.kind, RefKind::Load);
-    while pos < refs.count && w.cpus[ci].local < end {
+    let park_inflight = MEM && w.park_inflight;
+    let l1_hit = w.l1_hit;
+    let mut more = b.pos < refs.count;
+    while more && w.cpus[ci].local < end {
+        let va = b.va;
         match translate::<MEM>(w, cpu, tid, va, store) {
             Ok((pfn, slot)) => {
                 let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -1276,7 +1352,6 @@ fn run_batch<const MEM: bool>(
                     // the next reference of a sweep, while the caches work
                     w.mem.prefetch(pfn, off + refs.stride);
                 }
-                w.cpus[ci].local += ref_cycles;
                 if MEM {
                     // The access goes through the caches (and, being a
                     // store, self-snoops the PCAMs: romanescu10 §5.2).
@@ -1289,8 +1364,10 @@ fn run_batch<const MEM: bool>(
                                 + w.mem_access(cpu, pa, AccessKind::Store)
                         }
                     };
-                    w.cpus[ci].local += lat;
-                    let entry = *w.cpus[ci].tlb.entry(slot);
+                    // (The memory system never reads a CPU's clock, so the
+                    // reference's own cycles are added with its latency.)
+                    let c = &mut w.cpus[ci];
+                    c.local += ref_cycles + lat;
                     // A miss that outlives the slice: the access performs
                     // (or replays) when this CPU next runs. An L1 hit
                     // performs at once (there is no miss to die during),
@@ -1303,34 +1380,29 @@ fn run_batch<const MEM: bool>(
                     // blocks that hold each other's PTEs would otherwise
                     // kill each other's retries forever (the paper does not
                     // say how UNITD guarantees progress there).
-                    let retry = std::mem::take(&mut w.cpus[ci].replaying);
-                    if w.park_inflight
-                        && w.cpus[ci].local >= end
-                        && lat > w.l1_hit
-                        && entry.valid
-                        && !retry
-                    {
-                        // its data, for when it performs
-                        w.mem.prefetch(pfn, off);
-                        w.cpus[ci].inflight = Some(crate::cpu::InFlight {
+                    let retry = std::mem::take(&mut c.replaying);
+                    // (Read after the access, which may have invalidated it.)
+                    let entry = c.tlb.entry(slot);
+                    if park_inflight && c.local >= end && lat > l1_hit && entry.valid && !retry {
+                        debug_assert_eq!(entry.pfn, pfn, "the entry translated this access");
+                        c.inflight = Some(crate::cpu::InFlight {
                             slot,
-                            entry,
+                            pfn: entry.pfn,
+                            oracle_slot: entry.oracle_slot,
+                            fill_epoch: entry.fill_epoch,
+                            dirty: entry.dirty,
                             va,
                             killed: false,
                         });
+                        // its data, for when it performs
+                        w.mem.prefetch(pfn, off);
                         break;
                     }
+                } else {
+                    w.cpus[ci].local += ref_cycles;
                 }
                 last_load = perform(w, pfn, off, refs.kind).unwrap_or(last_load);
-                pos += 1;
-                if stride_fits {
-                    va += refs.stride;
-                    if refs.wrap > 0 && va >= wrap_end {
-                        va -= step_back;
-                    }
-                } else {
-                    va = refs.va(pos);
-                }
+                more = b.advance();
             }
             Err(()) => {
                 trap = Some(Trap::Fault { va, store });
@@ -1340,11 +1412,11 @@ fn run_batch<const MEM: bool>(
     }
     let th = &mut w.threads[tid.0 as usize];
     th.last_load = last_load;
-    th.batch = if pos < refs.count {
-        Some((refs, pos))
-    } else {
-        None
-    };
+    // Only the position changes while the batch lasts.
+    match &mut th.batch {
+        Some(tb) if more => (tb.pos, tb.va) = (b.pos, b.va),
+        tb => *tb = None,
+    }
     trap
 }
 
@@ -1375,6 +1447,9 @@ fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> 
 /// reference stays next in the batch and is looked up again — else it
 /// performs now, its translation checked again by the oracle. Called when
 /// the CPU next runs: its next slice, or before it takes an interrupt.
+/// Always inlined: once per slice, and the call (register saves, the CPU
+/// looked up again) cost as much as its common path.
+#[inline(always)]
 pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
     let ci = cpu.index();
     let Some(f) = w.cpus[ci].inflight.take() else {
@@ -1390,30 +1465,32 @@ pub(crate) fn retire_inflight(w: &mut World, cpu: CpuId) {
             return;
         }
     }
-    let th = &w.threads[tid.0 as usize];
-    let (refs, pos) = th.batch.expect("an access in flight outside a batch");
-    debug_assert_eq!(
-        refs.va(pos),
-        f.va,
-        "the in-flight access is the batch's next"
-    );
-    let store = !matches!(refs.kind, RefKind::Load);
+    let kind = match &w.threads[tid.0 as usize].batch {
+        Some(b) => {
+            debug_assert_eq!(b.va, f.va, "the in-flight access is the batch's next");
+            b.refs.kind
+        }
+        None => panic!("an access in flight outside a batch"),
+    };
+    let store = !matches!(kind, RefKind::Load);
     let ctx = UseCtx {
         cpu,
         thread: tid.0,
         va: f.va,
         time: w.cpus[ci].local,
     };
-    let e = f.entry;
     w.oracle
-        .recheck_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+        .recheck_use(f.oracle_slot, f.fill_epoch, f.pfn, f.dirty, store, ctx);
     let off = (f.va & (PAGE_SIZE - 1)) & !7;
-    let loaded = perform(w, e.pfn, off, refs.kind);
+    let loaded = perform(w, f.pfn, off, kind);
     let th = &mut w.threads[tid.0 as usize];
     if let Some(v) = loaded {
         th.last_load = v;
     }
-    th.batch = (pos + 1 < refs.count).then_some((refs, pos + 1));
+    let b = th.batch.as_mut().expect("checked above");
+    if !b.advance() {
+        th.batch = None;
+    }
 }
 
 /// A software-refilled TLB's miss (or modify) trap: the handler's cost

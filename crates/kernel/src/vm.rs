@@ -41,7 +41,7 @@ pub struct Thread {
     pub task: TaskId,
     pub state: ThreadState,
     pub program: Option<Box<dyn Program>>,
-    pub batch: Option<(crate::program::Refs, u64)>,
+    pub batch: Option<crate::program::Batch>,
     /// Cycles of a `Compute` op still to run.
     pub compute_left: u64,
     pub last_load: u64,

@@ -180,6 +180,13 @@ impl Oracle {
         })
     }
 
+    /// Host-only hint: brings `slot`'s shadow entry closer before a use
+    /// is checked against it.
+    #[inline]
+    pub fn prefetch(&self, slot: u32) {
+        crate::prefetch_ptr(self.slots.as_ptr().wrapping_add(slot as usize));
+    }
+
     pub fn epoch(&self, slot: u32) -> u32 {
         self.slots[slot as usize].epoch
     }

@@ -215,6 +215,36 @@ impl Tlb {
         found
     }
 
+    /// Host-only hint: brings the TLB's own fields (sizes, masks, where
+    /// its arrays are) closer, ahead of a `prefetch` or a lookup.
+    #[inline]
+    pub fn prefetch_header(&self) {
+        crate::prefetch(&self.hint);
+        crate::prefetch(&self.slots);
+        crate::prefetch(&self.set_mask);
+        crate::prefetch(&self.clock);
+    }
+
+    /// Host-only hint: brings what a lookup of `vpn` reads (its hint, its
+    /// set's entries and stamps) closer. No effect on the TLB.
+    #[inline]
+    pub fn prefetch(&self, vpn: Vpn) {
+        // (Addresses only, in bounds by construction: see `prefetch_ptr`.)
+        let h = (vpn.0 & self.hint_mask) as usize;
+        crate::prefetch_ptr(self.hint.as_ptr().wrapping_add(h));
+        let set_base = ((vpn.0 & self.set_mask) as usize) * self.ways;
+        crate::prefetch_ptr(self.stamp.as_ptr().wrapping_add(set_base));
+        // every line the set's entries span
+        let set = self.slots.as_ptr().wrapping_add(set_base).cast::<u8>();
+        let bytes = self.ways * std::mem::size_of::<TlbEntry>();
+        let mut off = 0;
+        while off < bytes {
+            crate::prefetch_ptr(set.wrapping_add(off));
+            off += 64;
+        }
+        crate::prefetch_ptr(set.wrapping_add(bytes - 1));
+    }
+
     /// Looks without counting or touching replacement state.
     pub fn probe(&self, vpn: Vpn, asid: Asid) -> Option<usize> {
         let asid = self.tag_asid(asid);
