@@ -49,6 +49,7 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
             segmap_eager: spec.kernel.segmap_eager,
             pageout_global: spec.kernel.pageout_global,
             segkmem_first_fit: spec.kernel.segkmem_first_fit,
+            apic_flat_max_cpus: spec.kernel.apic_flat_max_cpus,
         },
         memory: spec.memory.clone(),
     }

@@ -148,6 +148,10 @@ pub struct KernelSpec {
     /// (SVR4.2, the default false, caches each level-2 table's address
     /// instead and maps other pages transiently: no limit).
     pub physmap: bool,
+    /// Linux's APIC mode at boot: flat (one ICR write for every target)
+    /// on machines of at most this many CPUs, bigsmp (one per target)
+    /// above; 0 = bigsmp always.
+    pub apic_flat_max_cpus: u64,
 }
 
 impl Default for KernelSpec {
@@ -165,6 +169,7 @@ impl Default for KernelSpec {
             pageout_global: k.pageout_global,
             physmap: false,
             segkmem_first_fit: k.segkmem_first_fit,
+            apic_flat_max_cpus: k.apic_flat_max_cpus,
         }
     }
 }

@@ -106,6 +106,12 @@ pub struct KernelParams {
     pub pageout_global: bool,
     /// segkmem allocates first fit instead of next fit (an ablation).
     pub segkmem_first_fit: bool,
+    /// Linux's interrupt controller mode, chosen at boot (2.6.15
+    /// `mach-generic`): a machine with at most this many CPUs runs the
+    /// flat logical APIC mode, where one ICR write interrupts every target
+    /// (`send_IPI_mask_bitmask`); a larger one runs bigsmp, one write per
+    /// target (`send_IPI_mask_sequence`). 0: one write per target always.
+    pub apic_flat_max_cpus: u64,
 }
 
 impl Default for KernelParams {
@@ -119,6 +125,7 @@ impl Default for KernelParams {
             segmap_eager: false,
             pageout_global: false,
             segkmem_first_fit: false,
+            apic_flat_max_cpus: 0,
         }
     }
 }
@@ -832,14 +839,40 @@ impl Sim {
     pub async fn send_ipi(&self, cpu: CpuId, target: CpuId, irq: Irq) {
         let costs = self.costs();
         self.delay(cpu, Cycles(costs.ipi_send_cycles)).await;
+        self.post_ipi(cpu, target, irq, &costs);
+    }
+
+    /// Linux's `send_IPI_mask`: in flat APIC mode (a machine of at most
+    /// `kernel.apic_flat_max_cpus` CPUs) one ICR write reaches every
+    /// target; otherwise (bigsmp) one `send_ipi` per target, in order.
+    pub async fn send_ipi_mask(&self, cpu: CpuId, targets: &[CpuId], irq: Irq) {
+        let flat = {
+            let w = self.w();
+            w.cpus.len() as u64 <= w.cfg.kernel.apic_flat_max_cpus
+        };
+        if !flat {
+            for &t in targets {
+                self.send_ipi(cpu, t, irq).await;
+            }
+            return;
+        }
+        let costs = self.costs();
+        self.delay(cpu, Cycles(costs.ipi_send_cycles)).await;
+        for &t in targets {
+            self.post_ipi(cpu, t, irq, &costs);
+        }
+        self.count("ipi.flat_sends", 1);
+    }
+
+    /// Queues `irq`'s arrival at `target`, sent now by `cpu`.
+    fn post_ipi(&self, cpu: CpuId, target: CpuId, irq: Irq, costs: &Costs) {
         let mut w = self.w();
         let jitter = if costs.ipi_jitter_cycles > 0 {
             w.cpus[cpu.index()].rng.below(costs.ipi_jitter_cycles + 1)
         } else {
             0
         };
-        let at =
-            w.now() + Cycles(costs.ipi_latency_cycles + jitter) + Self::bus_penalty(&w, &costs);
+        let at = w.now() + Cycles(costs.ipi_latency_cycles + jitter) + Self::bus_penalty(&w, costs);
         w.queue.push(at, Event::Irq { cpu: target, irq });
         w.counters.add("ipi.sent", 1);
     }

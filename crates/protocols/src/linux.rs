@@ -13,7 +13,9 @@
 //! victims, and munmap (`tlb_finish_mmu`), mprotect, fork and exit use it;
 //! only a copy-on-write break (`ptep_clear_flush` → `flush_tlb_page`)
 //! invalidates the one page (`invlpg`). Kernel unmaps (`vfree`) use
-//! `flush_tlb_all`, which flushes global entries as well.
+//! `flush_tlb_all`, which flushes global entries as well. The IPIs go out
+//! through `send_IPI_mask`: one ICR write for all victims in flat APIC
+//! mode, one per victim under bigsmp (`kernel.apic_flat_max_cpus`).
 //!
 //! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
 //! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU that runs the
@@ -154,9 +156,7 @@ impl Protocol for Linux {
                         m.insert(v);
                     }
                 }
-                for &v in &victims {
-                    sim.send_ipi(me, v, Irq::Shootdown).await;
-                }
+                sim.send_ipi_mask(me, &victims, Irq::Shootdown).await;
                 sim.spin_until(me, "linux initiator: victim list empty", |_| {
                     self.mask.borrow().is_empty()
                 })
