@@ -185,6 +185,16 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             text = text.replace("[machine.tlb]\n", "[machine.tlb]\nrefill = \"software\"\n");
         }
     }
+    if protocol.starts_with("linux") && r.chance(0.5) {
+        // 2.6.15's flat APIC mode (one ICR write interrupts every victim at
+        // once) on half the seeds, bigsmp on the rest; drawn last.
+        let flat = "apic_flat_max_cpus = 64\n";
+        if text.contains("[kernel]\n") {
+            text = text.replace("[kernel]\n", &format!("[kernel]\n{flat}"));
+        } else {
+            text.push_str(&format!("[kernel]\n{flat}"));
+        }
+    }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
 }
 
