@@ -13,6 +13,7 @@
 //! Payloads are a separate array indexed by line (`set × ways + way`).
 
 use crate::config::CacheConfig;
+use mmulab_engine::prefetch;
 
 pub const INVALID: u64 = u64::MAX;
 
@@ -213,21 +214,6 @@ impl<M: Default> Cache<M> {
         self.words[i] = INVALID;
         self.meta[line] = M::default();
     }
-}
-
-/// Asks the host to bring `r`'s cache line closer: a hint only, it changes
-/// nothing the program can observe.
-#[inline(always)]
-pub(crate) fn prefetch<T>(r: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and reads nothing the program sees;
-    // SSE is part of the x86-64 baseline.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = r;
 }
 
 /// The way of a full set record (tag, stamp pairs) with the least stamp,

@@ -143,7 +143,7 @@ impl PcamBank {
     /// `cache::prefetch`).
     #[inline]
     pub fn prefetch(&self, block: u64) {
-        crate::cache::prefetch(&self.counts[bucket(block)]);
+        mmulab_engine::prefetch(&self.counts[bucket(block)]);
     }
 
     /// Fig. 6b: invalidates every entry holding `block`, pushing a probe for

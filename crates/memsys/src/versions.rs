@@ -46,7 +46,7 @@ impl Versions {
         if p < DENSE_PAGES
             && let Some(Some(page)) = self.pages.get(p as usize)
         {
-            crate::cache::prefetch(&page[(block as usize) & (PAGE - 1)]);
+            mmulab_engine::prefetch(&page[(block as usize) & (PAGE - 1)]);
         }
     }
 
