@@ -63,9 +63,15 @@ enum Command {
         /// checker), protocol unitd.
         #[arg(long, default_value = "foundation")]
         workload: String,
+        /// Bytes between a thread's consecutive references: 8 (a word)
+        /// sweeps its pages as a loop over an array does; 64 (a cache line)
+        /// makes nearly every reference an L1 miss on `unitd`, the memory
+        /// system's worst case.
+        #[arg(long, default_value_t = 8)]
+        stride: u64,
         /// Print JSON: refs_per_second (the median), samples, runs,
-        /// workload, machine, profile and memory (hit rates; null on flat
-        /// memory).
+        /// workload, stride_bytes, machine, profile and memory (hit rates;
+        /// null on flat memory).
         #[arg(long)]
         json: bool,
     },
@@ -305,16 +311,20 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             runs,
             refs_per_thread,
             workload,
+            stride,
             json,
         } => {
-            let sets = vec![format!("workload.refs_per_thread={refs_per_thread}")];
+            let sets = vec![
+                format!("workload.refs_per_thread={refs_per_thread}"),
+                format!("workload.stride_bytes={stride}"),
+            ];
             let (text, about) = match workload.as_str() {
                 "foundation" => (
-                    BENCH_SPEC,
+                    mmulab_experiment::bench::FOUNDATION_SPEC,
                     "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
                 ),
                 "unitd" => (
-                    BENCH_UNITD_SPEC,
+                    mmulab_experiment::bench::UNITD_SPEC,
                     "bench on x86-simics-2010: 16 cores, L1/L2 MOSI directory, PCAMs and Jetty, MOSI checker and oracle on, protocol unitd, mprotect every 100,000 refs",
                 ),
                 other => anyhow::bail!(
@@ -337,11 +347,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             pb.finish_and_clear();
             let median = mmulab_engine::stats::summarize(&rates).median;
+            let about = format!("{about}, {stride}-byte stride");
             let out = serde_json::json!({
                 "refs_per_second": median,
                 "samples": rates,
                 "runs": runs,
                 "workload": about,
+                "stride_bytes": stride,
                 "machine": mmulab_experiment::run::machine_description(),
                 "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
                 "memory": memory,
@@ -650,38 +662,6 @@ fn bench_memory(r: &Results, cpus: usize) -> Option<serde_json::Value> {
         "simulated_cycles_per_ref": (r.simulated_cycles * cpus as u64) as f64 / c.get("refs").max(1) as f64,
     }))
 }
-
-/// The fixed speed workload (foundation issue, "Speed").
-const BENCH_SPEC: &str = r#"
-protocol = "global"
-seed = 1
-[machine]
-cpus = 16
-memory_mb = 256
-[workload]
-kind = "bench"
-threads = 16
-private_pages = 256
-shared_pages = 64
-mprotect_every = 100000
-"#;
-
-/// `mmulab bench --workload unitd` (romanescu10 issue, "Speed"): the
-/// foundation's workload on romanescu10's machine.
-const BENCH_UNITD_SPEC: &str = r#"
-protocol = "unitd"
-preset = "x86-simics-2010"
-seed = 1
-[machine]
-cpus = 16
-memory_mb = 256
-[workload]
-kind = "bench"
-threads = 16
-private_pages = 256
-shared_pages = 64
-mprotect_every = 100000
-"#;
 
 fn summary(spec: &Spec, r: &Results) -> String {
     let clock = mmulab_engine::Clock::new(spec.costs.clock_hz);

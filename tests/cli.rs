@@ -203,15 +203,18 @@ fn list_names_presets_protocols_and_workloads() {
 }
 
 /// Both benches report refs/s; the unitd one also the memory behaviour
-/// behind it: the foundation's sweep steps a cache line per reference, so
-/// nearly every reference misses L1D on romanescu10's machine.
+/// behind it: a word-stride sweep starts a new cache line every eighth
+/// reference, a line-stride one nearly every reference (on romanescu10's
+/// machine, nearly all misses to memory).
 #[test]
 fn bench_json_reports_refs_per_second() {
-    for workload in ["foundation", "unitd"] {
+    for (workload, stride) in [("foundation", "8"), ("unitd", "8"), ("unitd", "64")] {
         let o = mmulab(&[
             "bench",
             "--workload",
             workload,
+            "--stride",
+            stride,
             "--json",
             "--runs",
             "1",
@@ -221,18 +224,43 @@ fn bench_json_reports_refs_per_second() {
         assert!(o.status.success(), "{}", stderr(&o));
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert!(r["refs_per_second"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["stride_bytes"].to_string(), stride);
+        let about = r["workload"].as_str().unwrap();
+        assert!(about.contains(&format!("{stride}-byte stride")), "{about}");
         let m = &r["memory"];
         if workload == "foundation" {
-            assert!(r["workload"].as_str().unwrap().contains("16 threads"));
+            assert!(about.contains("16 threads"));
             assert!(m.is_null(), "flat memory has no hit rates: {m}");
             continue;
         }
         let l1 = m["l1d_hit_pct"].as_f64().unwrap();
-        assert!(l1 < 20.0, "a line-stepping sweep mostly misses L1D: {l1}%");
+        let cyc = m["simulated_cycles_per_ref"].as_f64().unwrap();
+        if stride == "8" {
+            assert!(
+                (80.0..90.0).contains(&l1),
+                "7 of 8 words hit their line: {l1}%"
+            );
+            assert!(cyc < 40.0, "one miss in eight: {cyc} cycles per reference");
+        } else {
+            assert!(l1 < 20.0, "a line-stepping sweep mostly misses L1D: {l1}%");
+            assert!(cyc > 100.0, "a directory miss costs over 100 cycles: {cyc}");
+        }
         let l2 = m["l2_hit_pct"].as_f64().unwrap();
         assert!((0.0..=100.0).contains(&l2), "{l2}");
-        let cyc = m["simulated_cycles_per_ref"].as_f64().unwrap();
-        assert!(cyc > 100.0, "a directory miss costs over 100 cycles: {cyc}");
+    }
+}
+
+/// A stride that is not a whole number of words is refused, naming the key.
+#[test]
+fn bench_refuses_a_stride_off_word_boundaries() {
+    for stride in ["0", "12", "8192"] {
+        let o = mmulab(&["bench", "--stride", stride, "--runs", "1"]);
+        assert_eq!(o.status.code(), Some(2), "--stride {stride}");
+        assert!(
+            stderr(&o).contains("workload.stride_bytes"),
+            "{}",
+            stderr(&o)
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! is validated, run for `runs` seeds and turned into results. The same
 //! spec and seed give byte-identical results (all but `host`).
 
+pub mod bench;
 pub mod check;
 pub mod host_preset;
 pub mod preset;

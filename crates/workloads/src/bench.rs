@@ -2,8 +2,12 @@
 //! threads of one task, each on its own CPU, sweep loads and stores over
 //! their own private pages and a shared region; one `mprotect` of a shared
 //! page (read-only, then back) every `mprotect_every` references overall.
-//! References step 64 bytes (one cache line), so each page costs one TLB
-//! miss per sweep when the working set exceeds the TLB.
+//! References step `stride_bytes`: one word (8, the default) sweeps an
+//! array as a loop over it does, so on a cache hierarchy one reference in
+//! eight starts a new line; one cache line (64) makes nearly every
+//! reference a miss there, a worst case for the memory system's miss path,
+//! and costs a TLB miss every 64 references once the working set exceeds
+//! the TLB (flat memory's worst case).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -28,6 +32,9 @@ pub struct BenchSpec {
     /// References each thread makes before it exits.
     #[serde(default = "BenchSpec::default_refs")]
     pub refs_per_thread: u64,
+    /// Bytes between consecutive references of a sweep.
+    #[serde(default = "BenchSpec::default_stride")]
+    pub stride_bytes: u64,
 }
 
 impl BenchSpec {
@@ -46,6 +53,9 @@ impl BenchSpec {
     fn default_refs() -> u64 {
         2_000_000
     }
+    fn default_stride() -> u64 {
+        8
+    }
     pub fn validate(&self, cpus: usize) -> Result<(), String> {
         if self.threads == 0 || self.threads > cpus {
             return Err(format!(
@@ -60,6 +70,15 @@ impl BenchSpec {
         }
         if self.mprotect_every == 0 {
             return Err("workload.mprotect_every: must be at least 1".into());
+        }
+        if self.stride_bytes == 0
+            || !self.stride_bytes.is_multiple_of(8)
+            || self.stride_bytes > PAGE
+        {
+            return Err(format!(
+                "workload.stride_bytes: must be a multiple of 8 (a word) from 8 to {PAGE}, got {}",
+                self.stride_bytes
+            ));
         }
         Ok(())
     }
@@ -87,7 +106,6 @@ impl Bench {
     }
 }
 
-const LINE: u64 = 64;
 const PAGE: u64 = 4096;
 
 impl Workload for Bench {
@@ -182,7 +200,6 @@ impl Program for Sweeper {
             3 => self.phase = 1,
             _ => {}
         }
-        let lines_per_page = PAGE / LINE;
         let chunk = 1024u64;
         let before = self.done;
         self.done += chunk;
@@ -212,11 +229,11 @@ impl Program for Sweeper {
             _ => (region, self.spec.shared_pages, RefKind::Load),
         };
         let wrap = pages * PAGE;
-        let _ = lines_per_page;
+        let stride = self.spec.stride_bytes;
         Op::Refs(Refs {
             base,
-            start: (before * LINE) % wrap,
-            stride: LINE,
+            start: (before * stride) % wrap,
+            stride,
             count: chunk,
             wrap,
             kind,
