@@ -362,8 +362,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 println!("{out}");
             } else {
                 println!(
-                    "{:.1} M simulated references per second (median of {runs} runs)",
-                    median / 1e6
+                    "{:.1} M simulated references per second (median of {runs} run{}, {stride}-byte stride)",
+                    median / 1e6,
+                    if runs == 1 { "" } else { "s" }
                 );
                 if let Some(m) = &memory {
                     println!(
