@@ -320,18 +320,18 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             ];
             let (text, about) = match workload.as_str() {
                 "foundation" => (
-                    mmulab_experiment::bench::FOUNDATION_SPEC,
+                    mmulab_experiment::bench::foundation_spec(),
                     "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
                 ),
                 "unitd" => (
-                    mmulab_experiment::bench::UNITD_SPEC,
+                    mmulab_experiment::bench::unitd_spec(),
                     "bench on x86-simics-2010: 16 cores, L1/L2 MOSI directory, PCAMs and Jetty, MOSI checker and oracle on, protocol unitd, mprotect every 100,000 refs",
                 ),
                 other => anyhow::bail!(
                     "bench --workload: unknown workload `{other}` (foundation, unitd)"
                 ),
             };
-            let spec = Spec::parse(text, &sets, "bench")?;
+            let spec = Spec::parse(&text, &sets, "bench")?;
             let mut rates = Vec::new();
             let mut memory = None;
             let pb = bar(runs as u64, "bench");

@@ -6,7 +6,7 @@
 //! oracle clean. Run with `cargo bench -p mmulab-experiment`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use mmulab_experiment::bench::{FOUNDATION_SPEC, UNITD_SPEC};
+use mmulab_experiment::bench::{foundation_spec, unitd_spec};
 use mmulab_experiment::{Spec, run_spec};
 
 const REFS_PER_THREAD: u64 = 500_000;
@@ -15,15 +15,15 @@ fn simulator(c: &mut Criterion) {
     let mut g = c.benchmark_group("simulator");
     g.sample_size(10);
     for (name, text) in [
-        ("global-flat", FOUNDATION_SPEC),
-        ("unitd-caches", UNITD_SPEC),
+        ("global-flat", foundation_spec()),
+        ("unitd-caches", unitd_spec()),
     ] {
         for stride in [8u64, 64] {
             let sets = [
                 format!("workload.refs_per_thread={REFS_PER_THREAD}"),
                 format!("workload.stride_bytes={stride}"),
             ];
-            let spec = Spec::parse(text, &sets, "bench").expect("the bench spec is valid");
+            let spec = Spec::parse(&text, &sets, "bench").expect("the bench spec is valid");
             let refs = run_spec(&spec, |_, _| {})
                 .expect("bench run")
                 .counters
