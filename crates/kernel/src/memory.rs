@@ -119,6 +119,20 @@ impl World {
         }
     }
 
+    /// A frame of kernel data that lives in the memory system, for a
+    /// protocol whose shared state (a shootdown's victim list) is read and
+    /// written by its CPUs' caches; returns its physical address. None on
+    /// flat memory, where kernel data costs only the protocol's step costs
+    /// (and no frame is taken, so flat runs keep their frame numbers).
+    pub fn alloc_kernel_data(&mut self) -> Option<u64> {
+        self.memsys.as_ref()?;
+        let pfn = self
+            .mem
+            .alloc_data()
+            .expect("memory for the kernel's data at boot");
+        Some(pfn.0 * self.mem.page_size())
+    }
+
     /// A PTE store by `cpu` (kernel page-table edit or walker A/D update).
     /// Flat memory: free here (protocols charge `pte_write_cycles`).
     pub fn pte_store(&mut self, cpu: CpuId, pte_pa: u64) -> Cycles {

@@ -17,6 +17,15 @@
 //! through `send_IPI_mask`: one ICR write for all victims in flat APIC
 //! mode, one per victim under bigsmp (`kernel.apic_flat_max_cpus`).
 //!
+//! On a machine with a memory system, the shootdown's shared state is a
+//! cache line of kernel data (`flush_cpumask`, `flush_mm`, `flush_va`, one
+//! line of `smp.c`'s .bss): the initiator's stores to it and its last read
+//! of the emptied list, and each victim's reads and its locked
+//! `cpu_clear`, go through the caches and the coherence protocol, so what
+//! the list costs emerges from Table 1's hierarchy rather than a step
+//! cost. A victim leaves the list when its clear performs. On flat memory
+//! the list is free (the preset's step costs only).
+//!
 //! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
 //! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU that runs the
 //! idle task (its thread sleeps on a lock, or it has none) is in lazy TLB
@@ -33,6 +42,12 @@ use mmulab_engine::Cycles;
 use mmulab_kernel::pmap::{CpuSet, KERNEL_PMAP};
 use mmulab_kernel::{Irq, KFuture, PmapId, Protocol, Sim, Update};
 use mmulab_machine::{CpuId, Vpn};
+use mmulab_memsys::AccessKind::{self, Load, Store};
+
+/// Offsets in the shootdown line: `flush_cpumask`, `flush_mm`, `flush_va`.
+const MASK: u64 = 0;
+const MM: u64 = 8;
+const VA: u64 = 16;
 
 /// What the victims are asked to flush (`flush_mm`, `flush_va`).
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +63,9 @@ pub struct Linux {
     /// `flush_cpumask`: victims yet to acknowledge.
     mask: RefCell<CpuSet>,
     request: Cell<Option<Request>>,
+    /// Physical address of the line holding `flush_cpumask`, `flush_mm`
+    /// and `flush_va` (None on flat memory).
+    line: Cell<Option<u64>>,
     /// Negative control: a CPU in lazy TLB mode acknowledges without
     /// flushing or leaving the address space, so its thread wakes up
     /// with the translations the shootdown removed.
@@ -60,6 +78,7 @@ impl Linux {
             lock: Cell::new(None),
             mask: RefCell::new(CpuSet::new(0)),
             request: Cell::new(None),
+            line: Cell::new(None),
             lazy_skips_flush: false,
         }
     }
@@ -70,6 +89,18 @@ impl Linux {
             lazy_skips_flush: true,
             ..Linux::new()
         }
+    }
+
+    /// `cpu`'s accesses to the shootdown line, in order; returns their
+    /// latency (none on flat memory).
+    fn touch_line(&self, sim: &Sim, cpu: CpuId, accesses: &[(u64, AccessKind)]) -> Cycles {
+        let Some(pa) = self.line.get() else {
+            return Cycles(0);
+        };
+        let mut w = sim.w();
+        accesses.iter().fold(Cycles(0), |c, &(off, kind)| {
+            c + w.mem_access(cpu, pa + off, kind)
+        })
     }
 
     /// Flushes `cpu`'s TLB as the request says; returns the cost.
@@ -118,6 +149,8 @@ impl Protocol for Linux {
     fn init(&self, sim: &Sim) {
         self.lock.set(Some(sim.new_lock()));
         *self.mask.borrow_mut() = CpuSet::new(sim.w().cpus.len());
+        let line = sim.w().alloc_kernel_data();
+        self.line.set(line);
     }
 
     fn update<'a>(&'a self, sim: &'a Sim, me: CpuId, u: Update) -> KFuture<'a> {
@@ -149,6 +182,14 @@ impl Protocol for Linux {
             if !victims.is_empty() && edit.changed > 0 {
                 let lock = self.lock.get().expect("initialised");
                 sim.lock(me, lock).await;
+                // flush_mm = mm; flush_va = va; atomic_set_mask(cpumask,
+                // &flush_cpumask) (a locked or)
+                let c = self.touch_line(
+                    sim,
+                    me,
+                    &[(MM, Store), (VA, Store), (MASK, Load), (MASK, Store)],
+                );
+                sim.delay(me, c).await;
                 self.request.set(Some(r));
                 {
                     let mut m = self.mask.borrow_mut();
@@ -161,6 +202,10 @@ impl Protocol for Linux {
                     self.mask.borrow().is_empty()
                 })
                 .await;
+                // the read that finds the list empty (the last victim's
+                // clear took the line), then flush_mm = NULL; flush_va = 0
+                let c = self.touch_line(sim, me, &[(MASK, Load), (MM, Store), (VA, Store)]);
+                sim.delay(me, c).await;
                 self.request.set(None);
                 sim.unlock(me, lock).await;
                 sim.count("shootdown.user.events", 1);
@@ -178,6 +223,10 @@ impl Protocol for Linux {
     fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
         Box::pin(async move {
             let start = sim.now();
+            // cpu_isset(cpu, flush_cpumask), then flush_mm and flush_va
+            let c = self.touch_line(sim, me, &[(MASK, Load), (MM, Load), (VA, Load)]);
+            sim.delay(me, c).await;
+            // (read after the loads: what they found)
             let Some(r) = self.request.get() else {
                 return;
             };
@@ -209,6 +258,10 @@ impl Protocol for Linux {
                 let f = Linux::flush(sim, me, r);
                 sim.delay(me, f).await;
             }
+            // cpu_clear(cpu, flush_cpumask): a locked bit clear, seen by
+            // the initiator once it performs
+            let c = self.touch_line(sim, me, &[(MASK, Load), (MASK, Store)]);
+            sim.delay(me, c).await;
             self.mask.borrow_mut().remove(me);
             sim.record(
                 "shootdown.user.responder_cycles",
