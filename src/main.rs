@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mmulab_experiment::{Results, Spec};
 use mmulab_report::Table;
 
+mod reproduce_cmd;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -75,19 +76,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Reproduce a paper's evaluation: paper vs mmulab, side by side.
+    /// Reproduce a paper's evaluation: paper vs mmulab, side by side, each
+    /// row with its basis (input, calibrated, arithmetic, emergent). Exits
+    /// 1 when a judged emergent row is outside its tolerance.
     Reproduce {
-        /// black89, balan92, uhlig94, romanescu10 or fleisch89.
-        paper: String,
-        /// Write DIR/reproduce-PAPER.json and the figures as SVG.
+        /// The paper, or `all` for the five and DIR/index.html.
+        #[arg(value_enum)]
+        paper: reproduce_cmd::Paper,
+        /// Write DIR/reproduce-PAPER.json and .csv, the figures (SVG, with
+        /// their data as CSV) and, for `all`, DIR/index.html.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
-        /// Fewer seeds and smaller sweeps (for CI).
+        /// Fewer seeds and smaller sweeps (for CI and the docs' tables).
         #[arg(long)]
         quick: bool,
-        /// Where the paper specs live.
-        #[arg(long, default_value = "experiments")]
-        experiments: PathBuf,
+        /// An edited copy of experiments/ (default: the specs compiled into
+        /// this build).
+        #[arg(long, value_name = "DIR")]
+        experiments: Option<PathBuf>,
+        /// Write DIR/headline-MODE.md and DIR/reproduce-MODE.md (MODE: quick
+        /// or full), the tables the docs show.
+        #[arg(long, value_name = "DIR")]
+        markdown: Option<PathBuf>,
     },
     /// Memory traces: capture, simulate, export, benchmark.
     #[command(subcommand)]
@@ -382,62 +392,16 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             out,
             quick,
             experiments,
+            markdown,
         } => {
-            let dir = experiments.join(&paper);
-            // The simulated reproductions share one signature.
-            type Reproduce = fn(
-                &std::path::Path,
-                bool,
-                Option<&std::path::Path>,
-                &(dyn Fn(&str) + Sync),
-            )
-                -> Result<mmulab_report::ReproTable, mmulab_experiment::SpecError>;
-            use mmulab_experiment::reproduce as r;
-            let simulated: &[(&str, Reproduce)] = &[
-                ("black89", r::black89::reproduce),
-                ("balan92", r::balan92::reproduce),
-                ("uhlig94", r::uhlig94::reproduce),
-                ("romanescu10", r::romanescu10::reproduce),
-            ];
-            let found = simulated.iter().find(|(name, _)| *name == paper);
-            let table = match paper.as_str() {
-                _ if found.is_some() => {
-                    let (_, run) = found.expect("found");
-                    run(&dir, quick, out.as_deref(), &|m| eprintln!("{m}"))?
-                }
-                "fleisch89" => {
-                    let report =
-                        mmulab_mirage::cli::run_reproduce(&dir, out.as_deref(), quick, &mut |m| {
-                            eprintln!("{m}")
-                        })?;
-                    print!("{}", report.text);
-                    if let Some(dir) = &out {
-                        println!(
-                            "wrote {}/reproduce-{paper}.json and SVG figures",
-                            dir.display()
-                        );
-                    }
-                    return Ok(if report.all_within {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    });
-                }
-                other => {
-                    return Err(mmulab_experiment::SpecError::Invalid(format!(
-                        "reproduce: unknown paper `{other}` (available: black89, balan92, uhlig94, romanescu10, fleisch89)"
-                    ))
-                    .into());
-                }
-            };
-            print!("{}", table.render());
-            if let Some(dir) = &out {
-                println!(
-                    "wrote {}/reproduce-{paper}.json and SVG figures",
-                    dir.display()
-                );
-            }
-            Ok(if table.all_within() {
+            let ok = reproduce_cmd::run(reproduce_cmd::Args {
+                paper,
+                out,
+                quick,
+                experiments,
+                markdown,
+            })?;
+            Ok(if ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -4,6 +4,8 @@
 //! are compiled in; a path to a file (e.g. one written by
 //! `mmulab host preset`) works too.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use crate::spec::SpecError;
@@ -17,6 +19,10 @@ pub struct Preset {
     pub source: String,
     #[serde(default)]
     pub spec: toml::Table,
+    /// Each input fitted to a paper artefact (`"costs.ipi_send_cycles" =
+    /// "Fig. 2"`): rows of those artefacts are never emergent. Required,
+    /// and empty when nothing was fitted.
+    pub calibration: BTreeMap<String, String>,
 }
 
 /// (name, file text) of every built-in preset.
@@ -80,6 +86,21 @@ mod tests {
                 p.name
             );
             assert!(!p.source.is_empty());
+            // Every fitted input is a key the preset sets.
+            for key in p.calibration.keys() {
+                let mut t = &p.spec;
+                let parts: Vec<&str> = key.split('.').collect();
+                for part in &parts[..parts.len() - 1] {
+                    t = t.get(*part).and_then(|v| v.as_table()).unwrap_or_else(|| {
+                        panic!("{}: calibration names `{key}`, not set", p.name)
+                    });
+                }
+                assert!(
+                    t.contains_key(*parts.last().unwrap()),
+                    "{}: calibration names `{key}`, which the preset does not set",
+                    p.name
+                );
+            }
         }
     }
 }

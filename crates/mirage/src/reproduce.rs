@@ -6,46 +6,31 @@ use crate::Error;
 use crate::runs::{self, Layout};
 use crate::sim::Preset;
 use crate::spec::{self, Fig7Spec, Fig8Spec, NSiteSpec, Table3Spec, WorstCaseSpec};
-use mmulab_report::{LinePlot, ReproRow, ReproTable, Series};
+use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// Where the specs live: `experiments/fleisch89` under the workspace root.
-pub fn spec_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/fleisch89")
-}
-
-/// Runs every spec. With `out`, writes `reproduce-fleisch89.json` and the
-/// SVGs of Figs. 7 and 8 there. `quick` runs fewer seeds and trials.
+/// Runs every spec of `fleisch89/` in `src`. With `out`, writes the SVGs
+/// of Figs. 7 and 8 there. `quick` runs fewer seeds and trials.
 pub fn reproduce(
-    quick: bool,
-    out: Option<&Path>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<ReproTable, Error> {
-    reproduce_from(&spec_dir(), quick, out, progress)
-}
-
-pub fn reproduce_from(
-    dir: &Path,
+    src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ReproTable, Error> {
     let mut table = ReproTable::default();
     progress("fleisch89: Table 3");
-    table3(dir, &mut table)?;
+    table3(src, &mut table)?;
     progress("fleisch89: §7.2 worst case");
-    worst_case(dir, quick, &mut table)?;
+    worst_case(src, quick, &mut table)?;
     progress("fleisch89: Fig. 7");
-    let fig7 = fig7(dir, quick, &mut table)?;
+    let fig7 = fig7(src, quick, &mut table)?;
     progress("fleisch89: Fig. 8");
-    let fig8 = fig8(dir, quick, &mut table)?;
+    let fig8 = fig8(src, quick, &mut table)?;
     progress("fleisch89: extension, N-site ping-pong");
-    nsite(dir, quick, &mut table)?;
+    nsite(src, quick, &mut table)?;
     if let Some(out) = out {
         std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
-        let json = out.join("reproduce-fleisch89.json");
-        table.write_json(&json).map_err(|e| io(&json, e))?;
         for (plot, name) in [(fig7, "fleisch89-fig7.svg"), (fig8, "fleisch89-fig8.svg")] {
             plot.write_svg(&out.join(name))
                 .map_err(|e| Error::Plot(e.to_string()))?;
@@ -69,8 +54,8 @@ fn preset(name: &str) -> Preset {
     Preset::by_name(name).expect("validated preset")
 }
 
-fn table3(dir: &Path, t: &mut ReproTable) -> Result<(), Error> {
-    let s: Table3Spec = spec::load(dir, "table3.toml")?;
+fn table3(src: &Experiments, t: &mut ReproTable) -> Result<(), Error> {
+    let s: Table3Spec = spec::load(src, "table3.toml")?;
     s.validate("table3.toml")?;
     let r = runs::table3(&preset(&s.preset)).map_err(stuck)?;
     let a = s.artefact.as_str();
@@ -113,8 +98,8 @@ fn budget_ms(p: &Preset, pages: f64, shorts: f64, requests: f64, inputs: f64, lo
     ns / 1e6
 }
 
-fn worst_case(dir: &Path, quick: bool, t: &mut ReproTable) -> Result<(), Error> {
-    let s: WorstCaseSpec = spec::load(dir, "worst-case.toml")?;
+fn worst_case(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<(), Error> {
+    let s: WorstCaseSpec = spec::load(src, "worst-case.toml")?;
     s.validate("worst-case.toml")?;
     let p = preset(&s.preset);
     let (trials, seeds) = if quick {
@@ -251,8 +236,8 @@ fn at(c: &Curve, v: &[f64], delta: u32) -> Option<f64> {
     c.deltas.iter().position(|d| *d == delta).map(|i| v[i])
 }
 
-fn fig7(dir: &Path, quick: bool, t: &mut ReproTable) -> Result<LinePlot, Error> {
-    let s: Fig7Spec = spec::load(dir, "fig7.toml")?;
+fn fig7(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<LinePlot, Error> {
+    let s: Fig7Spec = spec::load(src, "fig7.toml")?;
     s.validate("fig7.toml")?;
     let p = preset(&s.preset);
     let (deltas, trials, seeds) = if quick {
@@ -402,8 +387,8 @@ fn fig7_plot(c: &Curve, pp: &spec::Fig7Paper) -> LinePlot {
     plot
 }
 
-fn fig8(dir: &Path, quick: bool, t: &mut ReproTable) -> Result<LinePlot, Error> {
-    let s: Fig8Spec = spec::load(dir, "fig8.toml")?;
+fn fig8(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<LinePlot, Error> {
+    let s: Fig8Spec = spec::load(src, "fig8.toml")?;
     s.validate("fig8.toml")?;
     let p = preset(&s.preset);
     let (deltas, loop_s, seeds) = if quick {
@@ -511,8 +496,8 @@ fn retention_row(a: &str, points: &[(f64, f64)], peak_delta: f64, peak: f64) -> 
     )
 }
 
-fn nsite(dir: &Path, quick: bool, t: &mut ReproTable) -> Result<(), Error> {
-    let s: NSiteSpec = spec::load(dir, "nsite.toml")?;
+fn nsite(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<(), Error> {
+    let s: NSiteSpec = spec::load(src, "nsite.toml")?;
     s.validate("nsite.toml")?;
     let p = preset(&s.preset);
     let (sites, rounds) = if quick {

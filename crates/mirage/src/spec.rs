@@ -4,8 +4,8 @@
 //! values are errors that name the key too.
 
 use crate::Error;
+use mmulab_report::Experiments;
 use serde::Deserialize;
-use std::path::Path;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -125,11 +125,12 @@ pub fn parse<T: for<'de> Deserialize<'de>>(file: &str, text: &str) -> Result<T, 
     })
 }
 
-pub fn load<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result<T, Error> {
-    let path = dir.join(name);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::Io {
-        path: path.display().to_string(),
-        source: e,
+/// Loads `fleisch89/NAME` from the experiments.
+pub fn load<T: for<'de> Deserialize<'de>>(src: &Experiments, name: &str) -> Result<T, Error> {
+    let rel = format!("fleisch89/{name}");
+    let text = src.read(&rel).map_err(|e| Error::Spec {
+        file: src.origin(&rel),
+        message: e.to_string(),
     })?;
     parse(name, &text)
 }

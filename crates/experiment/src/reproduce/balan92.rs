@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use mmulab_engine::{Clock, LinearFit};
-use mmulab_report::{LinePlot, ReproRow, ReproTable, Series};
+use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
 use super::PaperSpec;
@@ -171,8 +171,8 @@ fn chunks(fig3: &PaperSpec, table: &mut ReproTable) -> Result<(), SpecError> {
 /// §Lazy Shutdowns, segmap: file reads and writes through 8 KB chunks,
 /// with the aging daemon; balan92's lazy segmap against the eager ablation
 /// (every last release unloads and shoots at once).
-fn segmap(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
-    let seg = PaperSpec::load(&dir.join("segmap.toml"))?;
+fn segmap(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
+    let seg = PaperSpec::load(src, "balan92/segmap.toml")?;
     let mut real = Vec::new();
     for eager in [false, true] {
         let mut sets = vec![format!("kernel.segmap_eager={eager}")];
@@ -235,8 +235,8 @@ fn segmap(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), SpecErr
 
 /// §Pageout: the same process aged locally (seized, no shootdown) and by
 /// SVR4's global daemon (a shootdown per clear).
-fn pageout(dir: &Path, table: &mut ReproTable) -> Result<(), SpecError> {
-    let po = PaperSpec::load(&dir.join("pageout.toml"))?;
+fn pageout(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> {
+    let po = PaperSpec::load(src, "balan92/pageout.toml")?;
     let mut ipis = Vec::new();
     for global in [false, true] {
         let spec = po.spec(&[format!("kernel.pageout_global={global}")])?;
@@ -292,8 +292,8 @@ fn pageout(dir: &Path, table: &mut ReproTable) -> Result<(), SpecError> {
 /// CPUs. Returns (test, [(k, speedup)]) for the plot.
 type Speedups = Vec<(String, Vec<(f64, f64)>)>;
 
-fn fig4(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<Speedups, SpecError> {
-    let f4 = PaperSpec::load(&dir.join("fig4-fork.toml"))?;
+fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedups, SpecError> {
+    let f4 = PaperSpec::load(src, "balan92/fig4-fork.toml")?;
     let copies = f4.list("copies")?;
     let tol = f4.number("speedup_tolerance_pct")?;
     let mut runs = Vec::new();
@@ -376,9 +376,9 @@ fn fig4(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<Speedups, Spe
 
 /// §Analysis of the Locking design: lock contention per class in the
 /// paper's four scenarios.
-fn analysis(dir: &Path, table: &mut ReproTable) -> Result<(), SpecError> {
-    let faults = PaperSpec::load(&dir.join("analysis-locks.toml"))?;
-    let forks = PaperSpec::load(&dir.join("fig4-fork.toml"))?;
+fn analysis(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> {
+    let faults = PaperSpec::load(src, "balan92/analysis-locks.toml")?;
+    let forks = PaperSpec::load(src, "balan92/fig4-fork.toml")?;
     let fork_sets = |same: bool| {
         vec![
             "workload.test=\"fork-exit\"".to_string(),
@@ -611,7 +611,7 @@ fn mean_gap(a: &[Point], b: &[Point]) -> f64 {
 }
 
 pub fn reproduce(
-    dir: &Path,
+    src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &(dyn Fn(&str) + Sync),
@@ -619,7 +619,7 @@ pub fn reproduce(
     let mut table = ReproTable::default();
 
     progress("Fig. 1: hat_shutdown(HAT_NOCOOKIE), 2-6 CPUs");
-    let fig1 = PaperSpec::load(&dir.join("fig1-basic.toml"))?;
+    let fig1 = PaperSpec::load(src, "balan92/fig1-basic.toml")?;
     let basic = sweep(
         &fig1,
         "hat.shutdown.basic.initiator_cycles",
@@ -644,7 +644,7 @@ pub fn reproduce(
     ));
 
     progress("Fig. 2: the lazy algorithm, cookie newer than every CPU");
-    let fig2 = PaperSpec::load(&dir.join("fig2-lazy.toml"))?;
+    let fig2 = PaperSpec::load(src, "balan92/fig2-lazy.toml")?;
     let lazy = sweep(
         &fig2,
         "hat.shutdown.lazy.initiator_cycles",
@@ -688,7 +688,7 @@ pub fn reproduce(
     ));
 
     progress("Fig. 3: the immediate algorithm, one page unmapped");
-    let fig3 = PaperSpec::load(&dir.join("fig3-immediate.toml"))?;
+    let fig3 = PaperSpec::load(src, "balan92/fig3-immediate.toml")?;
     let imm = sweep(
         &fig3,
         "shootdown.user.initiator_cycles",
@@ -768,7 +768,7 @@ pub fn reproduce(
     ));
 
     progress("segkmem: hat_shutdown calls per 100 allocations");
-    let seg = PaperSpec::load(&dir.join("segkmem.toml"))?;
+    let seg = PaperSpec::load(src, "balan92/segkmem.toml")?;
     // The same length in both modes: the rate climbs while segkmem's rotor
     // first wraps (0.94 at 5,000 allocations, 1.41 at 20,000, 1.53 at
     // 100,000), so a shorter quick run would pass where the full one fails.
@@ -843,16 +843,16 @@ pub fn reproduce(
     }
 
     progress("segmap: chunks reused, aged, shot at reuse (lazy vs eager)");
-    segmap(dir, quick, &mut table)?;
+    segmap(src, quick, &mut table)?;
 
     progress("pageout: local working-set aging vs SVR4's global daemon");
-    pageout(dir, &mut table)?;
+    pageout(src, &mut table)?;
 
     progress("Fig. 4: concurrent fork/exec/exit copies on 4 CPUs");
-    let speedups = fig4(dir, quick, &mut table)?;
+    let speedups = fig4(src, quick, &mut table)?;
 
     progress("§Analysis: lock contention in the four scenarios (4 CPUs)");
-    analysis(dir, &mut table)?;
+    analysis(src, &mut table)?;
 
     if let Some(out) = out {
         std::fs::create_dir_all(out).map_err(|err| SpecError::Io {
@@ -894,7 +894,6 @@ pub fn reproduce(
         p4.add(Series::points("ideal", ideal, vec![]));
         p4.write_svg(&out.join("balan92-fig4.svg"))
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
-        super::write_table(&table, out, "balan92")?;
     }
     Ok(table)
 }

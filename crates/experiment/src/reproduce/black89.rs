@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use mmulab_engine::{Clock, LinearFit, stats::summarize};
-use mmulab_report::{LinePlot, ReproRow, ReproTable, Series};
+use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
 use super::PaperSpec;
@@ -74,7 +74,7 @@ fn initiator_points(
 }
 
 pub fn reproduce(
-    dir: &Path,
+    src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &(dyn Fn(&str) + Sync),
@@ -83,7 +83,7 @@ pub fn reproduce(
 
     // Fig. 2.
     progress("Fig. 2: the tester with 1-15 children");
-    let fig2 = PaperSpec::load(&dir.join("fig2.toml"))?;
+    let fig2 = PaperSpec::load(src, "black89/fig2.toml")?;
     let runs = if quick { 3 } else { fig2.spec(&[])?.runs };
     let xs: Vec<u64> = (1..=15).collect();
     let points = initiator_points(&fig2, &xs, runs, |k| vec![format!("workload.children={k}")])?;
@@ -169,7 +169,7 @@ pub fn reproduce(
 
     // §8 extrapolation.
     progress("§8: the tester on 32-1024 CPUs");
-    let ext = PaperSpec::load(&dir.join("sec8-extrapolation.toml"))?;
+    let ext = PaperSpec::load(src, "black89/sec8-extrapolation.toml")?;
     let mut cpus = ext.list("cpus")?;
     if quick {
         cpus.retain(|&c| c <= 128);
@@ -209,9 +209,9 @@ pub fn reproduce(
     }
 
     progress("Table 1: lazy evaluation (kernel-build and Parthenon stand-ins)");
-    table1(dir, quick, &mut table)?;
+    table1(src, quick, &mut table)?;
     progress("Tables 2-4: kernel and user distributions");
-    tables2_4(dir, quick, &mut table)?;
+    tables2_4(src, quick, &mut table)?;
 
     if let Some(out) = out {
         std::fs::create_dir_all(out).map_err(|err| SpecError::Io {
@@ -261,7 +261,6 @@ pub fn reproduce(
         ));
         plot.write_svg(&out.join("black89-sec8.svg"))
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
-        super::write_table(&table, out, "black89")?;
     }
     Ok(table)
 }
@@ -292,8 +291,8 @@ fn mean_us(r: &crate::Results, hist: &str) -> Option<f64> {
 }
 
 /// Table 1: lazy evaluation on and off, for both stand-ins.
-pub fn table1(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
-    let kb = PaperSpec::load(&dir.join("table1-kbuild.toml"))?;
+pub fn table1(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
+    let kb = PaperSpec::load(src, "black89/table1-kbuild.toml")?;
     let off = run_with(&kb, &["protocol_options.lazy=false"], quick)?;
     let on = run_with(&kb, &["protocol_options.lazy=true"], quick)?;
     let (k_off, k_on) = (
@@ -336,7 +335,7 @@ pub fn table1(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), Spe
         }
     }
 
-    let pa = PaperSpec::load(&dir.join("table1-parthenon.toml"))?;
+    let pa = PaperSpec::load(src, "black89/table1-parthenon.toml")?;
     let off = run_with(&pa, &["protocol_options.lazy=false"], quick)?;
     let on = run_with(&pa, &["protocol_options.lazy=true"], quick)?;
     let u_off = per_run(&off, "shootdown.user.events");
@@ -370,8 +369,8 @@ pub fn table1(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), Spe
 }
 
 /// Tables 2-4 in shape.
-pub fn tables2_4(dir: &Path, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
-    let ps = PaperSpec::load(&dir.join("tables2-4.toml"))?;
+pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
+    let ps = PaperSpec::load(src, "black89/tables2-4.toml")?;
     let kernel = run_with(&ps, &[], quick)?;
     let user = run_with(
         &ps,

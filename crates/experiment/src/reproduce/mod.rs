@@ -7,22 +7,9 @@ pub mod black89;
 pub mod romanescu10;
 pub mod uhlig94;
 
-use std::path::Path;
+use mmulab_report::Experiments;
 
 use crate::spec::{Spec, SpecError};
-
-/// Writes `DIR/reproduce-PAPER.json`; an error names the file.
-pub(crate) fn write_table(
-    table: &mmulab_report::ReproTable,
-    dir: &Path,
-    paper: &str,
-) -> Result<(), SpecError> {
-    let path = dir.join(format!("reproduce-{paper}.json"));
-    table.write_json(&path).map_err(|err| SpecError::Io {
-        path: path.display().to_string(),
-        err,
-    })
-}
 
 /// A spec file with its `[paper]` table split off.
 pub struct PaperSpec {
@@ -32,27 +19,27 @@ pub struct PaperSpec {
 }
 
 impl PaperSpec {
-    pub fn load(path: &Path) -> Result<PaperSpec, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
-            path: path.display().to_string(),
-            err,
-        })?;
+    /// Loads `rel` (e.g. `black89/fig2.toml`) from the experiments.
+    pub fn load(src: &Experiments, rel: &str) -> Result<PaperSpec, SpecError> {
+        let origin = src.origin(rel);
+        let text = src
+            .read(rel)
+            .map_err(|e| SpecError::Invalid(e.to_string()))?;
         let mut table: toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| SpecError::Invalid(format!("{}: {e}", path.display())))?;
+            .map_err(|e: toml::de::Error| SpecError::Invalid(format!("{origin}: {e}")))?;
         let paper = match table.remove("paper") {
             Some(toml::Value::Table(t)) => t,
             _ => {
                 return Err(SpecError::Invalid(format!(
-                    "{}: paper: missing table of the paper's numbers",
-                    path.display()
+                    "{origin}: paper: missing table of the paper's numbers"
                 )));
             }
         };
         Ok(PaperSpec {
             text: toml::to_string(&table).expect("serialise"),
             paper,
-            origin: path.display().to_string(),
+            origin,
         })
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use mmulab_engine::LinearFit;
-use mmulab_report::{LinePlot, ReproRow, ReproTable, Series};
+use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
 use super::PaperSpec;
@@ -315,7 +315,7 @@ impl Grid {
 }
 
 pub fn reproduce(
-    dir: &Path,
+    src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &(dyn Fn(&str) + Sync),
@@ -338,7 +338,7 @@ pub fn reproduce(
 
     // ---- Fig. 7: single_unmap, directory ------------------------------
     progress("Fig. 7: single_unmap, directory (linux, unitd, ideal)");
-    let fig7 = PaperSpec::load(&dir.join("fig7-single-unmap.toml"))?;
+    let fig7 = PaperSpec::load(src, "romanescu10/fig7-single-unmap.toml")?;
     let g7 = Grid::run(&fig7, cores, counts, false, runs)?;
     let stated: [(u64, u64, &str, f64); 4] = [
         (2, 4000, "speedup_pct_4000_2", 50.0),
@@ -513,7 +513,7 @@ pub fn reproduce(
 
     // ---- Fig. 8: multiple_unmap, directory -----------------------------
     progress("Fig. 8: multiple_unmap, directory");
-    let fig8 = PaperSpec::load(&dir.join("fig8-multiple-unmap.toml"))?;
+    let fig8 = PaperSpec::load(src, "romanescu10/fig8-multiple-unmap.toml")?;
     let cores8: &[u64] = if quick { &[8, 16] } else { &[2, 4, 8, 16] };
     let counts8: &[u64] = if quick {
         &[0, 1000, 12000]
@@ -574,7 +574,7 @@ pub fn reproduce(
 
     // ---- COW: single_cow (directory), multiple_cow (snooping) ----------
     progress("single_cow (directory) and multiple_cow (snooping)");
-    let cow1 = PaperSpec::load(&dir.join("single-cow.toml"))?;
+    let cow1 = PaperSpec::load(src, "romanescu10/single-cow.toml")?;
     let gc1 = Grid::run(&cow1, &[16], &[0, top], false, runs)?;
     let sc = gc1.speedup(16, top, "unitd").unwrap();
     let sci = gc1.speedup(16, top, "ideal").unwrap();
@@ -594,7 +594,7 @@ pub fn reproduce(
             if alike { "overlap" } else { "apart" }
         ),
     ));
-    let cow2 = PaperSpec::load(&dir.join("multiple-cow.toml"))?;
+    let cow2 = PaperSpec::load(src, "romanescu10/multiple-cow.toml")?;
     let gc2 = Grid::run(&cow2, &[16], counts, true, runs)?;
     let best = counts
         .iter()
@@ -721,7 +721,7 @@ pub fn reproduce(
 
     // ---- Real benchmarks (stand-ins) -------------------------------------
     progress("stand-ins: swaptions, pca, string_match, small wordcount");
-    let apps = PaperSpec::load(&dir.join("apps.toml"))?;
+    let apps = PaperSpec::load(src, "romanescu10/apps.toml")?;
     let names = ["swaptions", "pca", "string-match", "wordcount"];
     let mut worst_share: f64 = 0.0;
     let mut all_alike = true;
@@ -773,7 +773,7 @@ pub fn reproduce(
 
     // ---- Figs. 2-3: linux shootdown latency on 2-32 CPUs -----------------
     progress("Figs. 2-3: linux shootdown latency, 2-32 CPUs");
-    let fig2 = PaperSpec::load(&dir.join("fig2-latency.toml"))?;
+    let fig2 = PaperSpec::load(src, "romanescu10/fig2-latency.toml")?;
     let cpus2: Vec<u64> = if quick {
         vec![2, 8, 16, 32]
     } else {
@@ -867,8 +867,5 @@ pub fn reproduce(
         write_plot(&plot, &p);
     }
 
-    if let Some(d) = out {
-        super::write_table(&table, d, "romanescu10")?;
-    }
     Ok(table)
 }

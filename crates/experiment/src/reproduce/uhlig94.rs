@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mmulab_report::{LinePlot, ReproRow, ReproTable, Series};
+use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use mmulab_swtlb::costs::CostPreset;
 use mmulab_swtlb::os::{OsKind, OsModel, OsParams, SysRef};
 use mmulab_swtlb::sim::{DynamicPartition, Outcome, Placement, TlbSetup, simulate_trap};
@@ -28,13 +28,17 @@ fn invalid(s: impl Into<String>) -> SpecError {
     SpecError::Invalid(s.into())
 }
 
-fn load_toml(path: &Path) -> Result<toml::Table, SpecError> {
-    let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
-        path: path.display().to_string(),
-        err,
-    })?;
+/// The paper's printed numbers (reproduce-only: not a runnable spec).
+const TABLES: &str = "uhlig94/tables.toml";
+/// The simulated sweeps' settings.
+const SHAPE: &str = "uhlig94/shape.toml";
+
+fn load_toml(src: &Experiments, rel: &str) -> Result<toml::Table, SpecError> {
+    let text = src
+        .read(rel)
+        .map_err(|e| SpecError::Invalid(e.to_string()))?;
     text.parse()
-        .map_err(|e: toml::de::Error| invalid(format!("{}: {e}", path.display())))
+        .map_err(|e: toml::de::Error| invalid(format!("{}: {e}", src.origin(rel))))
 }
 
 /// Typed access to a TOML table that names the file and key on error.
@@ -128,18 +132,18 @@ fn exact(
         0.5 * unit / paper.abs() * 100.0
     };
     let mut r = ReproRow::numeric(artefact, quantity, paper, rounded, tol);
-    r.within = (rounded - paper).abs() < unit * 0.01;
+    r.within = Some((rounded - paper).abs() < unit * 0.01);
     r.with_note(&format!("{how} = {computed:.4}; to the printed digit"))
 }
 
 const TYPES: [&str; 6] = ["L1U", "L1K", "L2", "L3", "Invalid", "Modify"];
 
 /// The rows computed from the paper's own tables.
-pub fn exact_rows(path: &Path, table: &mut ReproTable) -> Result<(), SpecError> {
-    let doc = load_toml(path)?;
+pub fn exact_rows(src: &Experiments, rel: &str, table: &mut ReproTable) -> Result<(), SpecError> {
+    let doc = load_toml(src, rel)?;
     let top = Keys {
         t: &doc,
-        origin: path.display().to_string(),
+        origin: src.origin(rel),
     };
     let p = top.sub("paper")?;
     let systems = p.strs("systems")?;
@@ -165,7 +169,7 @@ pub fn exact_rows(path: &Path, table: &mut ReproTable) -> Result<(), SpecError> 
         if v != n {
             return Err(invalid(format!(
                 "{}: paper.{k}: {v} values for {n} systems",
-                path.display()
+                src.origin(rel)
             )));
         }
     }
@@ -206,7 +210,7 @@ pub fn exact_rows(path: &Path, table: &mut ReproTable) -> Result<(), SpecError> 
                 _ => {
                     return Err(invalid(format!(
                         "{}: paper.table6_seconds.{key}: cell {} has a value where Table V/III has none, or none where they have one",
-                        path.display(),
+                        src.origin(rel),
                         TYPES[t]
                     )));
                 }
@@ -249,7 +253,7 @@ pub fn exact_rows(path: &Path, table: &mut ReproTable) -> Result<(), SpecError> 
                 sum - totals[i],
                 totals[i]
             ));
-            r.within = (sum - totals[i]).abs() <= 1.0;
+            r.within = Some((sum - totals[i]).abs() <= 1.0);
             r.kind = mmulab_report::RowKind::Claim;
             r.paper = Some(totals[i]);
         } else {
@@ -463,9 +467,9 @@ fn from_toml<T: serde::de::DeserializeOwned>(v: toml::Value, what: &str) -> Resu
 }
 
 impl Shape {
-    fn load(path: &Path, quick: bool) -> Result<Shape, SpecError> {
-        let origin = path.display().to_string();
-        let mut doc = load_toml(path)?;
+    fn load(src: &Experiments, rel: &str, quick: bool) -> Result<Shape, SpecError> {
+        let origin = src.origin(rel);
+        let mut doc = load_toml(src, rel)?;
         let known = [
             "seeds",
             "real_slots",
@@ -892,15 +896,15 @@ fn slot_series(name: &str, lowers: &[usize], ys: &[f64]) -> Series {
 }
 
 pub fn reproduce(
-    dir: &Path,
+    src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
     progress("Tables II, V, VI, VII and §4.2 from the paper's published counts and costs");
-    exact_rows(&dir.join("tables.toml"), &mut table)?;
-    let shape = Shape::load(&dir.join("shape.toml"), quick)?;
+    exact_rows(src, TABLES, &mut table)?;
+    let shape = Shape::load(src, SHAPE, quick)?;
     let suite: Vec<&str> = ALL_WORKLOADS
         .iter()
         .copied()
@@ -1118,10 +1122,10 @@ pub fn reproduce(
     {
         // The same ceiling for the paper's own Mach 3.0 miss mix (Table V, mab at P=8:
         // ousterhout's mix is not published).
-        let t = load_toml(&dir.join("tables.toml"))?;
+        let t = load_toml(src, TABLES)?;
         let k = Keys {
             t: &t,
-            origin: dir.join("tables.toml").display().to_string(),
+            origin: src.origin(TABLES),
         }
         .sub("paper")?;
         let counts = k.sub("table5_counts")?.row("Mach3", 6)?;
@@ -1462,7 +1466,6 @@ pub fn reproduce(
             p.write_svg(&out.join(format!("uhlig94-{name}.svg")))
                 .map_err(|e| invalid(e.to_string()))?;
         }
-        super::write_table(&table, out, "uhlig94")?;
     }
     Ok(table)
 }
@@ -1822,11 +1825,16 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/uhlig94")
     }
 
+    /// A folder laid out as experiments/ is, holding edited copies.
+    fn edited(d: &Path) -> Experiments {
+        Experiments::Dir(d.parent().unwrap().to_path_buf())
+    }
+
     #[test]
     fn exact_rows_match_the_printed_digits() {
         let mut t = ReproTable::default();
-        exact_rows(&dir().join("tables.toml"), &mut t).unwrap();
-        let bad: Vec<_> = t.rows.iter().filter(|r| !r.within).collect();
+        exact_rows(&Experiments::Embedded, TABLES, &mut t).unwrap();
+        let bad: Vec<_> = t.rows.iter().filter(|r| r.within != Some(true)).collect();
         assert!(bad.is_empty(), "{bad:#?}");
         // 29 Table VI cells, 5 totals, 5 percentages.
         let t6 = t.rows.iter().filter(|r| r.artefact == "Table VI").count();
@@ -1843,7 +1851,9 @@ mod tests {
 
     #[test]
     fn bad_input_names_file_and_key() {
-        let d = std::env::temp_dir().join(format!("uhlig94-bad-{}", std::process::id()));
+        let d = std::env::temp_dir()
+            .join(format!("uhlig94-bad-{}", std::process::id()))
+            .join("uhlig94");
         std::fs::create_dir_all(&d).unwrap();
         let text = std::fs::read_to_string(dir().join("tables.toml")).unwrap();
         std::fs::write(
@@ -1851,7 +1861,7 @@ mod tests {
             text.replace("table5_total =", "table5_totl ="),
         )
         .unwrap();
-        let e = exact_rows(&d.join("tables.toml"), &mut ReproTable::default())
+        let e = exact_rows(&edited(&d), TABLES, &mut ReproTable::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1885,13 +1895,13 @@ mod tests {
         for (from, to, names) in cases {
             assert!(shape.contains(from), "shape.toml no longer has `{from}`");
             std::fs::write(d.join("shape.toml"), shape.replace(from, to)).unwrap();
-            let e = Shape::load(&d.join("shape.toml"), true)
+            let e = Shape::load(&edited(&d), SHAPE, true)
                 .err()
                 .unwrap()
                 .to_string();
             assert!(names.iter().all(|n| e.contains(n)), "{to}: {e}");
         }
-        std::fs::remove_dir_all(&d).ok();
+        std::fs::remove_dir_all(d.parent().unwrap()).ok();
     }
 
     /// A capture that cannot run (here: no such Valgrind... or none at all) is named and
@@ -1899,7 +1909,7 @@ mod tests {
     /// and its system calls reach the Unix server.
     #[test]
     fn captured_workloads_run_or_are_named_and_skipped() {
-        let mut shape = Shape::load(&dir().join("shape.toml"), true).unwrap();
+        let mut shape = Shape::load(&Experiments::Embedded, SHAPE, true).unwrap();
         shape.capture.workloads = vec!["ousterhout".into()];
         shape.capture.ousterhout_iterations = 5;
         let mut t = ReproTable::default();
@@ -1932,7 +1942,9 @@ mod tests {
 
     #[test]
     fn reproduce_runs_end_to_end_on_small_stand_ins() {
-        let d = std::env::temp_dir().join(format!("uhlig94-small-{}", std::process::id()));
+        let d = std::env::temp_dir()
+            .join(format!("uhlig94-small-{}", std::process::id()))
+            .join("uhlig94");
         let out = d.join("out");
         std::fs::create_dir_all(&d).unwrap();
         std::fs::copy(dir().join("tables.toml"), d.join("tables.toml")).unwrap();
@@ -1942,21 +1954,17 @@ mod tests {
             .replace("rounds = 300", "rounds = 20")
             .replace("enabled = true", "enabled = false");
         std::fs::write(d.join("shape.toml"), shape).unwrap();
-        let t = reproduce(&d, true, Some(&out), &|_| {}).unwrap();
+        let t = reproduce(&edited(&d), true, Some(&out), &|_| {}).unwrap();
         assert!(t.rows.len() > 150, "{} rows", t.rows.len());
         for r in &t.rows {
             if r.kind == mmulab_report::RowKind::Numeric {
-                assert!(r.within, "{r:?}");
+                assert_eq!(r.within, Some(true), "{r:?}");
             }
         }
-        for f in [
-            "reproduce-uhlig94.json",
-            "uhlig94-fig5.svg",
-            "uhlig94-fig11.svg",
-        ] {
+        for f in ["uhlig94-fig5.svg", "uhlig94-fig11.svg"] {
             assert!(out.join(f).exists(), "{f}");
         }
-        std::fs::remove_dir_all(&d).ok();
+        std::fs::remove_dir_all(d.parent().unwrap()).ok();
     }
 
     /// `cargo test -p mmulab-experiment --release uhlig94_print -- --ignored --nocapture`
@@ -1967,7 +1975,12 @@ mod tests {
         let out = std::env::var("UHLIG94_OUT")
             .ok()
             .map(std::path::PathBuf::from);
-        let t = reproduce(&dir(), quick, out.as_deref(), &|s| eprintln!("{s}")).unwrap();
-        println!("{}", t.render());
+        let t = reproduce(&Experiments::Embedded, quick, out.as_deref(), &|s| {
+            eprintln!("{s}")
+        })
+        .unwrap();
+        for r in &t.rows {
+            println!("{r:?}");
+        }
     }
 }

@@ -1,0 +1,162 @@
+//! `mmulab reproduce PAPER|all`: runs a paper's reproduction, wraps its
+//! rows in the report contract, writes JSON, CSV, figures and (for `all`)
+//! one static index.html, and prints the table and the headline line.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::ValueEnum;
+use mmulab_report::{Experiments, ReproReport, ReproTable, html};
+
+/// The papers `reproduce` knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Paper {
+    Black89,
+    Balan92,
+    Uhlig94,
+    Romanescu10,
+    Fleisch89,
+    /// The five papers, and DIR/index.html.
+    All,
+}
+
+const PAPERS: [Paper; 5] = [
+    Paper::Black89,
+    Paper::Balan92,
+    Paper::Uhlig94,
+    Paper::Romanescu10,
+    Paper::Fleisch89,
+];
+
+impl Paper {
+    pub fn name(self) -> &'static str {
+        match self {
+            Paper::Black89 => "black89",
+            Paper::Balan92 => "balan92",
+            Paper::Uhlig94 => "uhlig94",
+            Paper::Romanescu10 => "romanescu10",
+            Paper::Fleisch89 => "fleisch89",
+            Paper::All => "all",
+        }
+    }
+}
+
+pub struct Args {
+    pub paper: Paper,
+    pub out: Option<PathBuf>,
+    pub quick: bool,
+    pub experiments: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+}
+
+fn provenance() -> mmulab_report::Provenance {
+    mmulab_report::Provenance {
+        mmulab_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: option_env!("MMULAB_GIT_COMMIT").unwrap_or("unknown").into(),
+    }
+}
+
+/// Runs one paper; its figures go to `out`.
+fn run_one(
+    paper: Paper,
+    src: &Experiments,
+    quick: bool,
+    out: Option<&Path>,
+) -> anyhow::Result<(ReproReport, String)> {
+    use mmulab_experiment::reproduce as r;
+    let progress = |m: &str| eprintln!("{}: {m}", paper.name());
+    let mut epilogue = String::new();
+    let table: ReproTable = match paper {
+        Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
+        Paper::Balan92 => r::balan92::reproduce(src, quick, out, &progress)?,
+        Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
+        Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, &progress)?,
+        Paper::Fleisch89 => {
+            let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
+            epilogue = mmulab_mirage::cli::reproduce_epilogue();
+            t
+        }
+        Paper::All => unreachable!("`all` is split into papers"),
+    };
+    let report = ReproReport::new(paper.name(), table, quick, &provenance())
+        .context("a reproduction broke the row contract")?;
+    Ok((report, epilogue))
+}
+
+/// The figures a paper wrote to `dir`: `PAPER-fig*.svg`, sorted.
+fn figures(dir: &Path, paper: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&format!("{paper}-fig")) && n.ends_with(".svg"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Exit 0 when every judged emergent row holds, 1 otherwise.
+pub fn run(args: Args) -> anyhow::Result<bool> {
+    let src = match &args.experiments {
+        Some(d) => Experiments::Dir(d.clone()),
+        None => Experiments::Embedded,
+    };
+    let papers: Vec<Paper> = if args.paper == Paper::All {
+        PAPERS.to_vec()
+    } else {
+        vec![args.paper]
+    };
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    }
+    let mut reports = Vec::new();
+    for &p in &papers {
+        let (report, epilogue) = run_one(p, &src, args.quick, args.out.as_deref())?;
+        print!("{}", report.render());
+        print!("{epilogue}");
+        if let Some(out) = &args.out {
+            report
+                .write(out)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+        }
+        reports.push(report);
+    }
+    if let Some(out) = &args.out {
+        if args.paper == Paper::All {
+            let pages: Vec<html::PaperPage<'_>> = reports
+                .iter()
+                .map(|r| html::PaperPage {
+                    report: r,
+                    figures: figures(out, &r.paper),
+                })
+                .collect();
+            let title = format!(
+                "mmulab reproductions{}",
+                if args.quick { " (--quick)" } else { "" }
+            );
+            let path = out.join("index.html");
+            std::fs::write(&path, html::index_page(&pages, &title))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        println!(
+            "wrote {}: reproduce-PAPER.json and .csv, figures (SVG and CSV){}",
+            out.display(),
+            if args.paper == Paper::All {
+                ", index.html"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(dir) = &args.markdown {
+        let path = mmulab_report::markdown::write(dir, &reports, args.quick)
+            .with_context(|| format!("cannot write Markdown in {}", dir.display()))?;
+        println!("wrote {}", path.display());
+    }
+    for r in &reports {
+        println!("{}", r.headline_line());
+    }
+    Ok(reports.iter().all(|r| r.headline.emergent_all_within()))
+}
