@@ -10,5 +10,5 @@ pub mod time;
 pub use hint::{prefetch, prefetch_ptr};
 pub use queue::{EventQueue, SmallQueue};
 pub use rng::{SimRng, UniformInclusive};
-pub use stats::{Counters, Histogram, LinearFit, Summary};
+pub use stats::{Counters, Histogram, LinearFit, Summary, mean_ci95};
 pub use time::{Clock, Cycles};

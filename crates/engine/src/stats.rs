@@ -112,6 +112,33 @@ pub fn summarize(samples: &[f64]) -> Summary {
     }
 }
 
+/// Two-sided 95 % Student's t quantile for `df` degrees of freedom (the
+/// standard table; exact to two decimals up to 30, then the normal limit).
+pub fn t95(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+        2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04,
+    ];
+    assert!(df >= 1, "a t quantile needs at least one degree of freedom");
+    match df {
+        1..=30 => T[df - 1],
+        31..=60 => 2.00,
+        61..=120 => 1.98,
+        _ => 1.96,
+    }
+}
+
+/// The mean of `samples` and its 95 % confidence interval `(mean, low,
+/// high)`; with fewer than two samples the interval is the mean itself.
+pub fn mean_ci95(samples: &[f64]) -> (f64, f64, f64) {
+    let s = summarize(samples);
+    if samples.len() < 2 {
+        return (s.mean, s.mean, s.mean);
+    }
+    let half = t95(samples.len() - 1) * s.sd / (samples.len() as f64).sqrt();
+    (s.mean, s.mean - half, s.mean + half)
+}
+
 /// A least-squares line y = intercept + slope·x.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LinearFit {
@@ -186,6 +213,14 @@ mod tests {
 
     #[test]
     fn summary_of_known_sample() {
+        let (m, lo, hi) = mean_ci95(&[1.0, 2.0, 3.0]);
+        // sd 1, n 3: 4.30 / sqrt(3) = 2.483.
+        assert!(
+            (m - 2.0).abs() < 1e-12
+                && (hi - m - 2.4826).abs() < 1e-3
+                && (m - lo - 2.4826).abs() < 1e-3
+        );
+        assert_eq!(mean_ci95(&[5.0]), (5.0, 5.0, 5.0));
         let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]);
         assert_eq!(s.median, 5.5);
         assert_eq!(s.p10, 1.0);
