@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use mmulab_engine::{Clock, LinearFit, stats::summarize};
+use mmulab_engine::{Clock, LinearFit, mean_ci95, stats::summarize};
 use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
@@ -19,6 +19,8 @@ pub struct Point {
     pub x: u64,
     pub mean_us: f64,
     pub sd_us: f64,
+    /// The 95 % confidence interval of the mean.
+    pub ci_us: (f64, f64),
     pub n: usize,
 }
 
@@ -63,10 +65,12 @@ fn initiator_points(
                 .filter_map(|(_, v)| *v)
                 .collect();
             let s = summarize(&v);
+            let (_, lo, hi) = mean_ci95(&v);
             Point {
                 x,
                 mean_us: s.mean,
                 sd_us: s.sd,
+                ci_us: (lo, hi),
                 n: v.len(),
             }
         })
@@ -80,11 +84,15 @@ pub fn reproduce(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
+    table
+        .calibration
+        .extend(crate::preset::load("encore-multimax-1989")?.calibration);
 
     // Fig. 2.
     progress("Fig. 2: the tester with 1-15 children");
     let fig2 = PaperSpec::load(src, "black89/fig2.toml")?;
     let runs = if quick { 3 } else { fig2.spec(&[])?.runs };
+    table.seeds(fig2.spec(&[])?.seed, runs);
     let xs: Vec<u64> = (1..=15).collect();
     let points = initiator_points(&fig2, &xs, runs, |k| vec![format!("workload.children={k}")])?;
     let range = fig2.list("fit_over")?;
@@ -97,37 +105,51 @@ pub fn reproduce(
     let first = fig2.number("first_processor_us")?;
     let slope = fig2.number("slope_us_per_cpu")?;
     let tol = fig2.number("tolerance_pct")?;
+    // The preset's four fixed and per-target costs were fitted to these
+    // two sums: the line reads its calibration back.
+    let fitted = calibrated_inputs(&table, "Fig. 2");
+    let fitted: Vec<&str> = fitted.iter().map(String::as_str).collect();
     table.push(
-        ReproRow::numeric("Fig. 2", "first_processor_us", first, fit.at(1.0), tol)
+        ReproRow::numeric("Fig. 2", "first_processor", first, fit.at(1.0), tol)
+            .unit("µs")
+            .calibrated(&fitted)
             .with_note("fit over 1-12 at one processor (the paper's 430 µs)"),
     );
     table.push(
-        ReproRow::numeric("Fig. 2", "slope_us_per_cpu", slope, fit.slope, tol)
+        ReproRow::numeric("Fig. 2", "slope", slope, fit.slope, tol)
+            .unit("µs per processor")
+            .calibrated(&fitted)
             .with_note("per additional processor"),
     );
     table.push(
-        ReproRow::numeric("Fig. 2", "intercept_us", first - slope, fit.intercept, tol)
+        ReproRow::numeric("Fig. 2", "intercept", first - slope, fit.intercept, tol)
+            .unit("µs")
+            .calibrated(&fitted)
             .with_note("the line at 0 processors: 430 - 55 = 375 µs"),
     );
-    table.push(ReproRow::plot_only(
-        "Fig. 2",
-        "r2",
-        None,
-        fit.r2,
-        "least-squares fit quality",
-    ));
+    table.push(
+        ReproRow::plot_only("Fig. 2", "r2", None, fit.r2, "least-squares fit quality")
+            .unit("ratio")
+            .calibrated(&fitted),
+    );
     for p in &points {
         let paper_line = first + slope * (p.x as f64 - 1.0);
-        table.push(ReproRow::plot_only(
-            "Fig. 2",
-            &format!("initiator_us[{}]", p.x),
-            Some(paper_line),
-            p.mean_us,
-            &format!(
-                "mean ± {:.1} sd over {} runs; paper value is its line",
-                p.sd_us, p.n
-            ),
-        ));
+        table.push(
+            ReproRow::plot_only(
+                "Fig. 2",
+                "initiator_mean",
+                Some(paper_line),
+                p.mean_us,
+                &format!(
+                    "mean over {} runs, sd {:.1}; the paper value is its line",
+                    p.n, p.sd_us
+                ),
+            )
+            .unit("µs")
+            .at("processors", p.x)
+            .ci(p.ci_us.0, p.ci_us.1)
+            .calibrated(&fitted),
+        );
     }
 
     // Fig. 2's knee (§7.1): the same sweep with the shared-bus model on.
@@ -146,25 +168,39 @@ pub fn reproduce(
         .map(|p| above(p).abs())
         .fold(0.0, f64::max);
     let at15 = knee.iter().find(|p| p.x == 15).map(above).unwrap_or(0.0);
-    table.push(ReproRow::claim(
-        "Fig. 2 (bus model)",
-        "departure from the 1-12 line at 15 processors (%)",
-        Some(at15),
-        below12 < 1.0 && at15 > 5.0,
-        &format!(
-            "with {:.0} µs per bus user beyond 11 (an assumption), points up to 11 stay on the line (max {:.1}%) and 13-15 rise above it, as the paper's do",
-            Clock::new(fig2.spec(&[])?.costs.clock_hz).us_f64(bus),
-            below12
-        ),
-    ));
+    // Where the knee falls is an input: the bus model charges only beyond
+    // `bus_free_users` = 12 (§7.1's "12 or more"), at an assumed cost.
+    table.push(
+        ReproRow::claim(
+            "Fig. 2",
+            "departure_from_line",
+            Some(at15),
+            below12 < 1.0 && at15 > 5.0,
+            &format!(
+                "with {:.0} µs per bus user beyond 11 (an assumption), points up to 11 stay on the line (max {:.1}%) and 13-15 rise above it, as the paper's do; the knee's place is the input bus_free_users = 12",
+                Clock::new(fig2.spec(&[])?.costs.clock_hz).us_f64(bus),
+                below12
+            ),
+        )
+        .unit("%")
+        .at("processors", 15)
+        .at("bus_model", "on")
+        .input(),
+    );
     for p in knee.iter().filter(|p| p.x >= 12) {
-        table.push(ReproRow::plot_only(
-            "Fig. 2 (bus model)",
-            &format!("initiator_us[{}]", p.x),
-            None,
-            p.mean_us,
-            &format!("{:+.1}% from the 1-12 line", above(p)),
-        ));
+        table.push(
+            ReproRow::plot_only(
+                "Fig. 2",
+                "initiator_mean",
+                None,
+                p.mean_us,
+                &format!("{:+.1}% from the 1-12 line", above(p)),
+            )
+            .unit("µs")
+            .at("processors", p.x)
+            .at("bus_model", "on")
+            .input(),
+        );
     }
 
     // §8 extrapolation.
@@ -188,24 +224,34 @@ pub fn reproduce(
             .collect::<Vec<_>>(),
     )
     .expect("points");
+    // The same per-target costs as Fig. 2, extended: the paper's 6 ms is
+    // its own line at 100 processors, so this row reads the calibration back.
     table.push(
         ReproRow::numeric(
             "§8",
-            "initiator_us_at_100_processors",
+            "initiator_time",
             ext.number("at_100_processors_us")?,
             ext_fit.at(100.0),
             ext.number("tolerance_pct")?,
         )
-        .with_note("line through the 32-1024 CPU runs, at 100 responders"),
+        .unit("µs")
+        .at("processors", 100)
+        .calibrated(&fitted)
+        .with_note("line through the 32-1024 CPU runs at 100 responders: Fig. 2's fitted per-target cost extended"),
     );
     for p in &ext_points {
-        table.push(ReproRow::plot_only(
-            "§8",
-            &format!("initiator_us[{} cpus]", p.x),
-            None,
-            p.mean_us,
-            "children = CPUs - 1",
-        ));
+        table.push(
+            ReproRow::plot_only(
+                "§8",
+                "initiator_mean",
+                None,
+                p.mean_us,
+                "children = CPUs - 1",
+            )
+            .unit("µs")
+            .at("cpus", p.x)
+            .calibrated(&fitted),
+        );
     }
 
     progress("Table 1: lazy evaluation (kernel-build and Parthenon stand-ins)");
@@ -223,10 +269,10 @@ pub fn reproduce(
             "processors",
             "initiator time (µs)",
         );
-        plot.add(Series::points(
-            "mmulab (mean ± sd)",
+        plot.add(Series::with_ci(
+            "mmulab (mean, 95% CI)",
             points.iter().map(|p| (p.x as f64, p.mean_us)).collect(),
-            points.iter().map(|p| p.sd_us).collect(),
+            points.iter().map(|p| p.ci_us).collect(),
         ));
         plot.add(Series::line(
             "mmulab fit (1-12)",
@@ -237,8 +283,8 @@ pub fn reproduce(
             knee.iter().map(|p| (p.x as f64, p.mean_us)).collect(),
             vec![],
         ));
-        plot.add(Series::line(
-            "paper: 430 + 55 (n - 1)",
+        plot.add(Series::paper(
+            "paper: its line 430 + 55 (n - 1), fitted over 1-12",
             (1..=15)
                 .map(|x| (x as f64, first + slope * (x as f64 - 1.0)))
                 .collect(),
@@ -250,19 +296,36 @@ pub fn reproduce(
             "processors",
             "initiator time (µs)",
         );
-        plot.add(Series::points(
+        plot.add(Series::with_ci(
             "mmulab",
             ext_points.iter().map(|p| (p.x as f64, p.mean_us)).collect(),
-            vec![],
+            ext_points.iter().map(|p| p.ci_us).collect(),
         ));
         plot.add(Series::line(
-            "paper: ~6 ms at 100",
-            vec![(100.0, 6000.0), (100.0, 6000.0)],
+            "mmulab: line through the runs",
+            ext_points
+                .iter()
+                .map(|p| (p.x as f64, ext_fit.at((p.x - 1) as f64)))
+                .collect(),
         ));
-        plot.write_svg(&out.join("black89-sec8.svg"))
+        plot.add(Series::paper(
+            "paper: ~6 ms at 100 processors",
+            vec![(100.0, ext.number("at_100_processors_us")?)],
+        ));
+        plot.write_svg(&out.join("black89-fig2-extrapolation.svg"))
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
     }
     Ok(table)
+}
+
+/// The preset inputs fitted to `artefact`.
+fn calibrated_inputs(table: &ReproTable, artefact: &str) -> Vec<String> {
+    table
+        .calibration
+        .iter()
+        .filter(|(_, a)| *a == artefact)
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 /// Runs a paper spec with overrides and returns its merged results.
@@ -290,6 +353,11 @@ fn mean_us(r: &crate::Results, hist: &str) -> Option<f64> {
     r.histograms.get(hist).filter(|s| s.n > 0).map(|s| s.mean)
 }
 
+/// Tolerance for times the stand-in workloads produce: 25 %, the bound the
+/// responder medians of Table 4 are judged by, applied to every time of
+/// Tables 1-4 alike (set before these rows were judged).
+const STAND_IN_TOL_PCT: f64 = 25.0;
+
 /// Table 1: lazy evaluation on and off, for both stand-ins.
 pub fn table1(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
     let kb = PaperSpec::load(src, "black89/table1-kbuild.toml")?;
@@ -300,38 +368,56 @@ pub fn table1(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<
         per_run(&on, "shootdown.kernel.events"),
     );
     let paper_ratio = kb.number("kernel_events_lazy_on")? / kb.number("kernel_events_lazy_off")?;
+    // The stand-in touches pageable kernel memory with the workload's
+    // kmem_touch_probability, which sets how many shootdowns lazy evaluation
+    // skips: the ratio reads that input back.
     table.push(
         ReproRow::numeric(
-            "Table 1 (Mach build)",
-            "kernel_events_lazy_on/off",
+            "Table 1",
+            "kernel_events_lazy_on_over_off",
             paper_ratio,
             k_on / k_off,
             25.0,
         )
+        .unit("ratio")
+        .at("application", "Mach build")
+        .input()
         .with_note(&format!(
-            "stand-in: {k_off:.0} events without lazy evaluation, {k_on:.0} with (per run)"
+            "stand-in: {k_off:.0} events without lazy evaluation, {k_on:.0} with (per run); the ratio follows the stand-in's kmem_touch_probability input"
         )),
     );
-    table.push(ReproRow::claim(
-        "Table 1 (Mach build)",
-        "user_events",
-        Some(per_run(&on, "shootdown.user.events") + per_run(&off, "shootdown.user.events")),
-        per_run(&on, "shootdown.user.events") == 0.0
-            && per_run(&off, "shootdown.user.events") == 0.0,
-        "no user-pmap shootdowns either way: the build shares no memory between tasks",
-    ));
-    for (label, r, key) in [
-        ("lazy off", &off, "kernel_avg_us_lazy_off"),
-        ("lazy on", &on, "kernel_avg_us_lazy_on"),
+    table.push(
+        ReproRow::claim(
+            "Table 1",
+            "user_events",
+            Some(per_run(&on, "shootdown.user.events") + per_run(&off, "shootdown.user.events")),
+            per_run(&on, "shootdown.user.events") == 0.0
+                && per_run(&off, "shootdown.user.events") == 0.0,
+            "no user-pmap shootdowns either way: the stand-in shares no memory between tasks, by construction",
+        )
+        .unit("events")
+        .at("application", "Mach build")
+        .input(),
+    );
+    for (lazy, r, key) in [
+        ("off", &off, "kernel_avg_us_lazy_off"),
+        ("on", &on, "kernel_avg_us_lazy_on"),
     ] {
         if let Some(m) = mean_us(r, "shootdown.kernel.initiator_us") {
-            table.push(ReproRow::plot_only(
-                "Table 1 (Mach build)",
-                &format!("kernel_avg_us, {label}"),
-                Some(kb.number(key)?),
-                m,
-                "a stand-in workload: shown, not judged",
-            ));
+            table.push(
+                ReproRow::numeric(
+                    "Table 1",
+                    "kernel_avg_time",
+                    kb.number(key)?,
+                    m,
+                    STAND_IN_TOL_PCT,
+                )
+                .unit("µs")
+                .at("application", "Mach build")
+                .at("lazy", lazy)
+                .emergent()
+                .with_note("the kernel-build stand-in"),
+            );
         }
     }
 
@@ -340,35 +426,57 @@ pub fn table1(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<
     let on = run_with(&pa, &["protocol_options.lazy=true"], quick)?;
     let u_off = per_run(&off, "shootdown.user.events");
     let u_on = per_run(&on, "shootdown.user.events");
-    table.push(ReproRow::claim(
-        "Table 1 (Parthenon)",
-        "user_events lazy off -> on",
-        Some(u_on),
-        u_off > 0.0 && u_on == 0.0,
-        &format!("guard-page reprotects shoot without lazy evaluation ({u_off:.0}/run) and never with it (paper: 70 -> 0)"),
-    ));
+    table.push(
+        ReproRow::claim(
+            "Table 1",
+            "user_events_lazy_off_to_on",
+            Some(u_on),
+            u_off > 0.0 && u_on == 0.0,
+            &format!("guard-page reprotects shoot without lazy evaluation ({u_off:.0}/run) and never with it (paper: 70 -> 0)"),
+        )
+        .unit("events")
+        .at("application", "Parthenon")
+        .emergent(),
+    );
     let k_off = per_run(&off, "shootdown.kernel.events");
     let k_on = per_run(&on, "shootdown.kernel.events");
-    table.push(ReproRow::claim(
-        "Table 1 (Parthenon)",
-        "kernel_events lazy on/off",
-        Some(if k_off > 0.0 { k_on / k_off } else { 0.0 }),
-        k_off > 0.0 && k_on / k_off < 0.1,
-        &format!("lazy evaluation removes nearly all kernel shootdowns ({k_off:.0} -> {k_on:.0}; paper 107 -> 4)"),
-    ));
+    table.push(
+        ReproRow::claim(
+            "Table 1",
+            "kernel_events_lazy_on_over_off",
+            Some(if k_off > 0.0 { k_on / k_off } else { 0.0 }),
+            k_off > 0.0 && k_on / k_off < 0.1,
+            &format!("lazy evaluation removes nearly all kernel shootdowns ({k_off:.0} -> {k_on:.0}; paper 107 -> 4)"),
+        )
+        .unit("ratio")
+        .at("application", "Parthenon")
+        .emergent(),
+    );
     if let Some(m) = mean_us(&off, "shootdown.user.initiator_us") {
-        table.push(ReproRow::plot_only(
-            "Table 1 (Parthenon)",
-            "user_avg_us, lazy off",
-            Some(pa.number("user_avg_us_lazy_off")?),
-            m,
-            "a stand-in workload: shown, not judged",
-        ));
+        table.push(
+            ReproRow::numeric(
+                "Table 1",
+                "user_avg_time",
+                pa.number("user_avg_us_lazy_off")?,
+                m,
+                STAND_IN_TOL_PCT,
+            )
+            .unit("µs")
+            .at("application", "Parthenon")
+            .at("lazy", "off")
+            .emergent()
+            .with_note("the Parthenon stand-in"),
+        );
     }
+    table.not_reproduced(
+        "Table 1 (Parthenon kernel times)",
+        "the stand-in's kernel shootdowns are not timed against the paper's 1379 / 1395 µs yet",
+    );
     Ok(())
 }
 
-/// Tables 2-4 in shape.
+/// Tables 2-4: the kernel-build stand-in (kernel pmaps) and the Camelot
+/// stand-in (user pmaps).
 pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<(), SpecError> {
     let ps = PaperSpec::load(src, "black89/tables2-4.toml")?;
     let kernel = run_with(&ps, &[], quick)?;
@@ -386,83 +494,122 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
     let ui = h(&user, "shootdown.user.initiator_us");
     let ur = h(&user, "shootdown.user.responder_us");
     let skew = |s: &mmulab_engine::Summary| (s.p90 - s.median) / s.median.max(1e-9);
-    table.push(ReproRow::claim(
-        "Tables 2-3",
-        "kernel vs user initiator median (µs)",
-        Some(ki.median),
-        ki.median > ui.median,
-        &format!(
-            "kernel shootdowns take longer: median {:.0} vs {:.0} µs (paper 939 vs 573)",
-            ki.median, ui.median
-        ),
-    ));
-    table.push(ReproRow::claim(
-        "Tables 2-3",
-        "kernel vs user initiator skew (p90-median)/median",
-        Some(skew(&ki)),
-        skew(&ki) > skew(&ui),
-        &format!(
-            "kernel times are more skewed: {:.2} vs {:.2} (paper 0.58 vs 0.16)",
-            skew(&ki),
-            skew(&ui)
-        ),
-    ));
-    table.push(ReproRow::claim(
-        "Tables 2-4",
-        "initiator vs responder mean (µs)",
-        Some(ki.mean),
-        ki.mean > kr.mean && ui.mean > ur.mean,
-        &format!(
-            "initiators pay more than responders: kernel {:.0} vs {:.0}, user {:.0} vs {:.0} µs",
-            ki.mean, kr.mean, ui.mean, ur.mean
-        ),
-    ));
-    table.push(ReproRow::claim(
-        "Table 2",
-        "kernel initiator p90-median vs median-p10",
-        Some(ki.p90 - ki.median),
-        ki.p90 - ki.median > ki.median - ki.p10,
-        "distributions skewed towards low values (§7.3)",
-    ));
-    for (q, paper_key, v) in [
+    table.push(
+        ReproRow::claim(
+            "Table 3",
+            "kernel_over_user_initiator_median",
+            Some(ki.median / ui.median.max(1e-9)),
+            ki.median > ui.median,
+            &format!(
+                "kernel shootdowns take longer: median {:.0} vs {:.0} µs (paper 939 vs 573)",
+                ki.median, ui.median
+            ),
+        )
+        .unit("ratio")
+        .emergent(),
+    );
+    // The user run turns interrupt-disabled windows off, so the user skew
+    // is near zero by configuration: the claim reads that input.
+    table.push(
+        ReproRow::claim(
+            "Table 3",
+            "kernel_vs_user_initiator_skew",
+            Some(skew(&ki)),
+            skew(&ki) > skew(&ui),
+            &format!(
+                "kernel times are more skewed: (p90-median)/median {:.2} vs {:.2} (paper 0.58 vs 0.16); the user run sets kernel.trap_disabled_mean_cycles = 0",
+                skew(&ki),
+                skew(&ui)
+            ),
+        )
+        .unit("ratio")
+        .input(),
+    );
+    table.push(
+        ReproRow::claim(
+            "Table 4",
+            "initiator_over_responder_mean",
+            Some(ki.mean / kr.mean.max(1e-9)),
+            ki.mean > kr.mean && ui.mean > ur.mean,
+            &format!(
+                "initiators pay more than responders: kernel {:.0} vs {:.0}, user {:.0} vs {:.0} µs",
+                ki.mean, kr.mean, ui.mean, ur.mean
+            ),
+        )
+        .unit("ratio")
+        .emergent(),
+    );
+    table.push(
+        ReproRow::claim(
+            "Table 2",
+            "initiator_upper_over_lower_spread",
+            Some((ki.p90 - ki.median) / (ki.median - ki.p10).max(1e-9)),
+            ki.p90 - ki.median > ki.median - ki.p10,
+            "distributions skewed towards low values (§7.3): p90 - median exceeds median - p10",
+        )
+        .unit("ratio")
+        .at("application", "Mach build")
+        .emergent(),
+    );
+    for (artefact, q, app, paper_key, v) in [
         (
-            "kernel initiator median (µs)",
+            "Table 2",
+            "initiator_median",
+            "Mach build",
             "kernel_initiator_median_us",
             ki.median,
         ),
         (
-            "kernel initiator mean (µs)",
+            "Table 2",
+            "initiator_mean",
+            "Mach build",
             "kernel_initiator_mean_us",
             ki.mean,
         ),
         (
-            "user initiator median (µs)",
+            "Table 3",
+            "initiator_median",
+            "Camelot",
             "user_initiator_median_us",
             ui.median,
         ),
         (
-            "user initiator mean (µs)",
+            "Table 3",
+            "initiator_mean",
+            "Camelot",
             "user_initiator_mean_us",
             ui.mean,
         ),
         (
-            "kernel responder median (µs)",
+            "Table 4",
+            "responder_median",
+            "Mach build",
             "kernel_responder_median_us",
             kr.median,
         ),
         (
-            "user responder median (µs)",
+            "Table 4",
+            "responder_median",
+            "Camelot",
             "user_responder_median_us",
             ur.median,
         ),
     ] {
-        table.push(ReproRow::plot_only(
-            "Tables 2-4",
-            q,
-            Some(ps.number(paper_key)?),
-            v,
-            "stand-in workloads: shown, not judged",
-        ));
+        table.push(
+            ReproRow::numeric(artefact, q, ps.number(paper_key)?, v, STAND_IN_TOL_PCT)
+                .unit("µs")
+                .at("application", app)
+                .emergent()
+                .with_note("stand-in workload"),
+        );
     }
+    table.not_reproduced(
+        "Tables 2-4 (Parthenon and Agora columns)",
+        "no Agora workload; Parthenon's 4 kernel shootdowns are too few to compare",
+    );
+    table.not_reproduced(
+        "Tables 2-4 (events, processors, pages, percentiles)",
+        "the stand-ins run for a simulated fraction of the paper's 7.5-60 minutes; counts and percentiles are not compared yet",
+    );
     Ok(())
 }
