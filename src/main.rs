@@ -260,7 +260,16 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            Ok(ExitCode::SUCCESS)
+            // A run whose oracle or workload check found an inconsistency
+            // ran, but its verdict is negative: exit 1.
+            let consistent = results.oracle.violations == 0
+                && results.oracle.verdict == "consistent"
+                && results.workload.verdict != "inconsistent";
+            Ok(if consistent {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Check {
             protocol,

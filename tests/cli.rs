@@ -78,7 +78,8 @@ fn tester_under_none_is_caught_by_both_checks() {
         "--out",
         d.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    // Ran, but the verdict is negative: exit 1 (2 is for bad input).
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let r = results(&d);
     assert!(r["oracle"]["violations"].as_u64().unwrap() > 0);
     assert_eq!(r["oracle"]["verdict"], "inconsistent");

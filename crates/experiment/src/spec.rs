@@ -272,7 +272,16 @@ pub fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 impl Spec {
+    /// Loads a spec file; a path that is not a file but names a spec of
+    /// the embedded `experiments/` (`experiments/tester.toml`,
+    /// `black89/fig2.toml`, `black89/fig2`) loads that one, so that the
+    /// shipped specs run from any folder.
     pub fn load(path: &Path, sets: &[String]) -> Result<Spec, SpecError> {
+        if !path.exists()
+            && let Some((rel, text)) = embedded(path)
+        {
+            return Spec::parse(&text, sets, &format!("experiments/{rel}"));
+        }
         let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
             path: path.display().to_string(),
             err,
@@ -454,6 +463,21 @@ impl Spec {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a spec serialises")
     }
+}
+
+/// The embedded spec `path` names, with or without `experiments/` and
+/// `.toml`.
+fn embedded(path: &Path) -> Option<(String, String)> {
+    let name = path.to_str()?;
+    let name = name.strip_prefix("./").unwrap_or(name);
+    let name = name.strip_prefix("experiments/").unwrap_or(name);
+    let rel = if name.ends_with(".toml") {
+        name.to_string()
+    } else {
+        format!("{name}.toml")
+    };
+    let text = mmulab_report::Experiments::Embedded.read(&rel).ok()?;
+    Some((rel, text))
 }
 
 #[cfg(test)]
