@@ -22,6 +22,11 @@ pub struct Costs {
     pub tlb_flush_all_cycles: u64,
     /// Write one PTE (including the interlocked R/M update).
     pub pte_write_cycles: u64,
+    /// A pmap module's bookkeeping per page it changes, beyond the PTE
+    /// write: the physical page's mapping list (find and unlink its entry),
+    /// harvesting the modify and reference bits. Charged in black89's
+    /// Phase 3 ("make changes to physical map"), while the responders spin.
+    pub pmap_change_page_cycles: u64,
     /// Enter and leave the kernel (trap or system call).
     pub trap_cycles: u64,
     /// Page-fault handling beyond the trap (lookup, bookkeeping).
@@ -90,6 +95,7 @@ impl Default for Costs {
             tlb_flush_entry_cycles: 10,
             tlb_flush_all_cycles: 40,
             pte_write_cycles: 5,
+            pmap_change_page_cycles: 0,
             trap_cycles: 200,
             fault_cycles: 500,
             zero_fill_cycles: 1000,

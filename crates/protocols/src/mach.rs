@@ -280,10 +280,14 @@ impl Protocol for Mach {
             } else {
                 sim.count(&format!("mach.{kind}.lazy_skips"), 1);
             }
-            // Phase 3.
+            // Phase 3: the responders spin through it; the initiator's timer
+            // (§6: until it "can begin making its changes") has stopped.
             let edit = sim.w().pt_apply(me, &u);
-            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
-                .await;
+            sim.delay(
+                me,
+                Cycles((costs.pte_write_cycles + costs.pmap_change_page_cycles) * edit.changed),
+            )
+            .await;
             sim.unlock_pmap(me, u.pmap).await;
             self.cpus.borrow_mut()[me.index()].active = true;
             sim.restore_ipl(me, saved).await;
