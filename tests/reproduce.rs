@@ -96,6 +96,7 @@ fn check_contract(paper: &str, r: &serde_json::Value) {
     ] {
         assert!(r.get(k).is_some(), "{paper}: the report lacks {k}");
     }
+    // A calibration target is an artefact, or `artefact / quantity`.
     let fitted: BTreeSet<&str> = r["calibration"]
         .as_object()
         .unwrap()
