@@ -1,6 +1,6 @@
 //! `mmulab reproduce uhlig94`: software-managed TLBs (Uhlig et al., TOCS 1994).
 //!
-//! Three kinds of rows, by basis (docs/papers/uhlig94.md):
+//! Rows by basis (docs/papers/uhlig94.md gives each and why):
 //! * `arithmetic`: the paper's derived tables recomputed from its own published numbers
 //!   (`experiments/uhlig94/paper-data/tables.toml`): Table VI is Table V's counts × Table
 //!   III's cycles × 60 ns, cell by cell, to the printed digit; so are Table II's ratios,
@@ -9,14 +9,15 @@
 //! * `emergent`: synthetic stand-ins for Table I's benchmarks run on `mmulab-swtlb`'s OS
 //!   models and R2000 TLB (`paper-data/shape.toml`, three seeds averaged), judged where the
 //!   simulated number is not an input read back: the ratios between systems (Tables II, V,
-//!   §4.2.1), the order of Table VIII's placements, Table IX's static optima, Figs. 6, 8,
-//!   10, 12-14's claims. In the full run, real programs traced under Valgrind lackey
-//!   (gzip, dd, syscall microbenchmarks) drive the same models; `--quick` never captures.
-//! * `input`: rows that follow from the model's layout constants (3 L2 PTEs per task,
-//!   2 for kernel data: Fig. 5's knees, Fig. 7's and Fig. 9's optima) or from a
-//!   configuration (Mach's copy-on-write Modify misses, compress's stride); and
-//!   `calibrated`: Table IX's dynamic column, whose hill-climbing threshold was chosen on
-//!   these stand-ins.
+//!   §4.2.1), the order of Table VIII's placements, Figs. 6, 8, 10, 12-14's claims. In the
+//!   full run, real programs traced under Valgrind lackey (gzip, dd, syscall
+//!   microbenchmarks) drive the same models; `--quick` never captures.
+//! * `input`: rows that follow from the model's layout constants (3 L2 PTEs and one L3
+//!   PTE per task, 2 L2 and 3 L3 PTEs for the kernel: Fig. 5's knees, Figs. 7 and 9's
+//!   optima, the stand-ins' Table IX static optima) or from a configuration (Mach's
+//!   copy-on-write Modify misses, compress's stride);
+//! * `calibrated`: Table IX's dynamic column on the stand-ins, whose hill-climbing
+//!   threshold was chosen on them (`[calibration]` of shape.toml).
 
 use std::collections::BTreeMap;
 use std::path::Path;
