@@ -481,17 +481,15 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
     let ps = PaperSpec::load(src, "black89/tables2-4.toml")?;
     table.calibration.extend(ps.calibration()?);
     let kernel = run_with(&ps, &[], quick)?;
-    let sleep = format!(
-        "workload.sleep_cycles={}",
+    // The user side replaces the whole workload table (kbuild's `jobs`
+    // means nothing to Camelot).
+    let camelot = format!(
+        "workload={{kind=\"camelot\", sleep_cycles={}}}",
         ps.number("camelot_sleep_cycles")? as u64
     );
     let user = run_with(
         &ps,
-        &[
-            "workload.kind=\"camelot\"",
-            "kernel.trap_disabled_mean_cycles=0",
-            &sleep,
-        ],
+        &[camelot.as_str(), "kernel.trap_disabled_mean_cycles=0"],
         quick,
     )?;
     let h = |r: &crate::Results, n: &str| r.histograms.get(n).copied().unwrap_or_default();
