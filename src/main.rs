@@ -260,11 +260,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            // A run whose oracle or workload check found an inconsistency
-            // ran, but its verdict is negative: exit 1.
+            // A run whose oracle or workload check found an inconsistency,
+            // or whose watchdog reported a spin past its bound, ran, but
+            // its verdict is negative: exit 1.
             let consistent = results.oracle.violations == 0
                 && results.oracle.verdict == "consistent"
-                && results.workload.verdict != "inconsistent";
+                && results.workload.verdict != "inconsistent"
+                && results.liveness.is_empty();
             Ok(if consistent {
                 ExitCode::SUCCESS
             } else {
