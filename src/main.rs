@@ -10,6 +10,7 @@ use mmulab_experiment::{Results, Spec};
 use mmulab_report::Table;
 
 mod reproduce_cmd;
+mod sweep_cmd;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -99,6 +100,9 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         markdown: Option<PathBuf>,
     },
+    /// Run a grid of specs and seeds (a sweep file) on this machine's cores
+    /// or as a Slurm job array, into tidy results.csv and summary.csv.
+    Sweep(sweep_cmd::SweepArgs),
     /// Memory traces: capture, simulate, export, benchmark.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -209,6 +213,8 @@ fn main() -> ExitCode {
             eprintln!("mmulab: {e:#}");
             if e.downcast_ref::<mmulab_experiment::SpecError>().is_some()
                 || e.downcast_ref::<trace_cmd::BadInput>().is_some()
+                || e.downcast_ref::<mmulab_sweep::SweepError>()
+                    .is_some_and(|e| e.is_bad_input())
             {
                 ExitCode::from(2)
             } else {
@@ -546,6 +552,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+        Command::Sweep(a) => sweep_cmd::run(a),
         Command::Trace(t) => trace_cmd::run(t),
         Command::Dsm(DsmCommand::Run { config, site, argv }) => {
             let code = mmulab_mirage::runtime::cli::run_program(
