@@ -226,14 +226,14 @@ pub fn job_states(job_id: &str) -> Result<BTreeMap<String, usize>, SweepError> {
 }
 
 /// Waits until the job has left the queue, calling `progress` with its
-/// queued array tasks' states at each poll. Polls back off from 0.25 s
-/// to 5 s, so a short job is noticed at once and a long one does not
+/// queued array tasks' states at each poll. Polls back off from 0.1 s
+/// to 3 s, so a short job is noticed at once and a long one does not
 /// load the controller.
 pub fn wait(
     job_id: &str,
     progress: &mut dyn FnMut(&BTreeMap<String, usize>),
 ) -> Result<(), SweepError> {
-    let mut pause = Duration::from_millis(250);
+    let mut pause = Duration::from_millis(100);
     loop {
         let states = job_states(job_id)?;
         if states.is_empty() {
@@ -241,7 +241,7 @@ pub fn wait(
         }
         progress(&states);
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_secs(5));
+        pause = (pause * 2).min(Duration::from_secs(3));
     }
 }
 
