@@ -51,6 +51,22 @@ enum Command {
         start: u64,
         #[arg(long)]
         json: bool,
+        /// `slurm`: run the seeds as a Slurm job array (arrays of 1,000
+        /// seeds or more) through the sweep engine, into --out.
+        #[arg(long, value_enum, default_value_t = sweep_cmd::Backend::Local)]
+        backend: sweep_cmd::Backend,
+        /// slurm: the results folder (default: sweeps/check-PROTOCOL-START-SEEDS).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// slurm: wait for the array, merge, and report as a local check does.
+        #[arg(long)]
+        wait: bool,
+        /// slurm: finish a check already started in --out.
+        #[arg(long)]
+        resume: bool,
+        /// slurm: an sbatch option for every array task (repeat it).
+        #[arg(long = "slurm-arg", value_name = "OPTION", allow_hyphen_values = true)]
+        slurm_args: Vec<String>,
     },
     /// Measure simulated memory references per second on this host.
     Bench {
@@ -282,6 +298,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             seeds,
             start,
             json,
+            backend,
+            out,
+            wait,
+            resume,
+            slurm_args,
         } => {
             if mmulab_protocols::find(&protocol).is_none() {
                 return Err(mmulab_experiment::SpecError::Invalid(format!(
@@ -290,6 +311,22 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ))
                 .into());
             }
+            if backend == sweep_cmd::Backend::Slurm {
+                let opts = sweep_cmd::Opts {
+                    jobs: None,
+                    backend,
+                    shard: None,
+                    resume,
+                    wait,
+                    slurm_args,
+                    json,
+                };
+                return sweep_cmd::check(&protocol, start, seeds, out, opts);
+            }
+            anyhow::ensure!(
+                out.is_none() && !wait && !resume && slurm_args.is_empty(),
+                "--out, --wait, --resume and --slurm-arg go with --backend slurm"
+            );
             let pb = bar(seeds, &format!("check {protocol}"));
             let report =
                 mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));

@@ -61,6 +61,13 @@ enum SweepAction {
     Merge { dir: PathBuf },
 }
 
+/// Progress lines go to stdout, or to stderr when stdout carries JSON.
+macro_rules! say {
+    ($json:expr, $($t:tt)*) => {
+        if $json { eprintln!($($t)*) } else { println!($($t)*) }
+    };
+}
+
 fn build() -> Result<Build, SweepError> {
     Build::current(
         env!("CARGO_PKG_VERSION"),
@@ -78,11 +85,62 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         Some(SweepAction::Merge { dir }) => {
             let dir = OutDir::new(dir);
             let merged = mmulab_sweep::merge(&dir)?;
-            return Ok(report(&dir, &merged));
+            return Ok(report(&dir, &merged, false));
         }
         None => {}
     }
     let path = a.sweep.expect("clap requires SWEEP without a subcommand");
+    let sweep = Sweep::load(&path)?;
+    let out = a.out.unwrap_or_else(|| {
+        let stem = path.file_stem().map_or("sweep".into(), |s| s.to_owned());
+        Path::new("sweeps").join(stem)
+    });
+    let opts = Opts {
+        jobs: a.jobs,
+        backend: a.backend,
+        shard: a.shard,
+        resume: a.resume,
+        wait: a.wait,
+        slurm_args: a.slurm_args,
+        json: false,
+    };
+    execute(&sweep, &path.display().to_string(), out, opts)
+}
+
+/// How to run a loaded sweep.
+pub struct Opts {
+    pub jobs: Option<usize>,
+    pub backend: Backend,
+    pub shard: Option<Shard>,
+    pub resume: bool,
+    pub wait: bool,
+    pub slurm_args: Vec<String>,
+    /// Print a check sweep's reports as `mmulab check --json` does.
+    pub json: bool,
+}
+
+/// `mmulab check --backend slurm`: the check's seeds as a check sweep of
+/// one protocol, chunked into array tasks of at least 1,000 seeds.
+pub fn check(
+    protocol: &str,
+    start: u64,
+    seeds: u64,
+    out: Option<PathBuf>,
+    opts: Opts,
+) -> anyhow::Result<ExitCode> {
+    // The caller checked that the protocol is a registered name (plain
+    // ASCII words), so it needs no escaping in a TOML string.
+    let text = format!(
+        "kind = \"check\"\nseeds = {{ start = {start}, count = {seeds} }}\n[grid]\nprotocol = [\"{protocol}\"]\n"
+    );
+    let sweep = Sweep::parse(&text, "mmulab check", Path::new("."))?;
+    let out = out
+        .unwrap_or_else(|| Path::new("sweeps").join(format!("check-{protocol}-{start}-{seeds}")));
+    execute(&sweep, "mmulab check", out, opts)
+}
+
+fn execute(sweep: &Sweep, label: &str, out: PathBuf, a: Opts) -> anyhow::Result<ExitCode> {
+    let path = label;
     if a.jobs == Some(0) {
         return Err(bad("--jobs: must be at least 1".into()));
     }
@@ -94,13 +152,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
     if a.backend == Backend::Local && (a.wait || !a.slurm_args.is_empty()) {
         return Err(bad("--wait and --slurm-arg go with --backend slurm".into()));
     }
-    let sweep = Sweep::load(&path)?;
-    let out = a.out.unwrap_or_else(|| {
-        let stem = path.file_stem().map_or("sweep".into(), |s| s.to_owned());
-        Path::new("sweeps").join(stem)
-    });
     let dir = OutDir::new(out);
-    let mut manifest = dir.prepare(&sweep, &build()?, a.resume || a.shard.is_some())?;
+    let mut manifest = dir.prepare(sweep, &build()?, a.resume || a.shard.is_some())?;
     let what = format!(
         "{} points x {} seeds = {} tasks",
         sweep.points.len(),
@@ -117,7 +170,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 jobs,
                 shard: a.shard,
             };
-            let r = mmulab_sweep::run_local(&sweep, &dir, &manifest, &opts, &|done, of| {
+            let r = mmulab_sweep::run_local(sweep, &dir, &manifest, &opts, &|done, of| {
                 pb.set_length(of as u64);
                 pb.set_position(done as u64);
             })?;
@@ -126,9 +179,10 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
                 Some(s) => format!("shard {}/{}: {} of the tasks", s.index, s.count, r.tasks),
                 None => "every task".to_string(),
             };
-            println!(
+            say!(
+                a.json,
                 "sweep {}: {what}; {scope}: ran {} ({} already done) on {jobs} thread(s) in {:.2} s wall, {:.2} s of task time",
-                path.display(),
+                path,
                 r.ran,
                 r.skipped,
                 r.wall_s,
@@ -136,10 +190,15 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
             );
             if a.shard.is_some() {
                 if r.failed > 0 {
-                    println!("{} task(s) panicked (see `mmulab sweep merge`)", r.failed);
+                    say!(
+                        a.json,
+                        "{} task(s) panicked (see `mmulab sweep merge`)",
+                        r.failed
+                    );
                     return Ok(ExitCode::from(1));
                 }
-                println!(
+                say!(
+                    a.json,
                     "when every shard is done: mmulab sweep merge {}",
                     dir.path.display()
                 );
@@ -153,18 +212,20 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
             };
             let t0 = std::time::Instant::now();
             match mmulab_sweep::slurm::submit(&dir, &mut manifest, &opts)? {
-                None => println!("sweep {}: {what}, all done already", path.display()),
+                None => say!(a.json, "sweep {}: {what}, all done already", path),
                 Some(s) => {
-                    println!(
+                    say!(
+                        a.json,
                         "sweep {}: {what}; submitted Slurm job {} (array {}: {} array task(s)), script {}",
-                        path.display(),
+                        path,
                         s.job_id,
                         s.array,
                         s.shards,
                         s.script.display()
                     );
                     if !a.wait {
-                        println!(
+                        say!(
+                            a.json,
                             "follow it with `mmulab sweep status {0}`; when it is done: `mmulab sweep merge {0}`",
                             dir.path.display()
                         );
@@ -176,7 +237,8 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
                         pb.set_position(s.shards.saturating_sub(queued) as u64);
                     })?;
                     pb.finish_and_clear();
-                    println!(
+                    say!(
+                        a.json,
                         "Slurm job {} left the queue after {:.2} s wall",
                         s.job_id,
                         t0.elapsed().as_secs_f64()
@@ -195,13 +257,22 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    Ok(report(&dir, &merged))
+    Ok(report(&dir, &merged, a.json))
 }
 
 /// Prints a merge's outcome; exit 1 when a task's oracle found an
 /// inconsistency or a watchdog a liveness failure (as `run` and `check`).
-fn report(dir: &OutDir, m: &Merged) -> ExitCode {
+fn report(dir: &OutDir, m: &Merged, json: bool) -> ExitCode {
     let d = dir.path.display();
+    if json {
+        let v = serde_json::to_string_pretty(&m.check).expect("reports serialise");
+        println!("{v}");
+        return if m.inconsistent == 0 && m.liveness_failures == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
     println!(
         "merged {} tasks of {} points: {d}/results.csv ({} rows), {d}/summary.csv ({} rows), {d}/manifest.json",
         m.tasks, m.points, m.results_rows, m.summary_rows
