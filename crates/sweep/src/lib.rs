@@ -42,6 +42,9 @@ impl SweepError {
     }
 }
 
+/// Array tasks in the queue by state (`PENDING`, `RUNNING`, …).
+pub type QueueStates = std::collections::BTreeMap<String, usize>;
+
 /// Where a sweep's tasks stand.
 #[derive(Debug)]
 pub struct Status {
@@ -56,10 +59,7 @@ pub struct Status {
     pub merged: bool,
     /// Each Slurm job's array tasks still in the queue, by state (or why
     /// `squeue` could not say).
-    pub slurm: Vec<(
-        String,
-        Result<std::collections::BTreeMap<String, usize>, String>,
-    )>,
+    pub slurm: Vec<(String, Result<QueueStates, String>)>,
     pub manifest: Manifest,
 }
 
