@@ -362,17 +362,17 @@ fn slurm_ready() -> Result<(), String> {
             ))
         }
     };
-    if idle().is_ok() {
+    let Err(first) = idle() else {
         return Ok(());
-    }
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-local.sh");
     let o = Command::new("bash")
         .arg(&script)
         .output()
-        .map_err(|e| format!("{}: {e}", script.display()))?;
+        .map_err(|e| format!("{first}; cannot run bash {}: {e}", script.display()))?;
     if !o.status.success() {
         return Err(format!(
-            "scripts/slurm-local.sh failed: {}",
+            "{first}; scripts/slurm-local.sh failed: {}",
             String::from_utf8_lossy(&o.stderr).trim()
         ));
     }
