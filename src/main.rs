@@ -10,6 +10,7 @@ use mmulab_experiment::{Results, Spec};
 use mmulab_report::Table;
 
 mod reproduce_cmd;
+mod sweep_cmd;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -50,6 +51,22 @@ enum Command {
         start: u64,
         #[arg(long)]
         json: bool,
+        /// `slurm`: run the seeds as a Slurm job array (arrays of 1,000
+        /// seeds or more) through the sweep engine, into --out.
+        #[arg(long, value_enum, default_value_t = sweep_cmd::Backend::Local)]
+        backend: sweep_cmd::Backend,
+        /// slurm: the results folder (default: sweeps/check-PROTOCOL-START-SEEDS).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// slurm: wait for the array, merge, and report as a local check does.
+        #[arg(long)]
+        wait: bool,
+        /// slurm: finish a check already started in --out.
+        #[arg(long)]
+        resume: bool,
+        /// slurm: an sbatch option for every array task (repeat it).
+        #[arg(long = "slurm-arg", value_name = "OPTION", allow_hyphen_values = true)]
+        slurm_args: Vec<String>,
     },
     /// Measure simulated memory references per second on this host.
     Bench {
@@ -99,6 +116,9 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         markdown: Option<PathBuf>,
     },
+    /// Run a grid of specs and seeds (a sweep file) on this machine's cores
+    /// or as a Slurm job array, into tidy results.csv and summary.csv.
+    Sweep(sweep_cmd::SweepArgs),
     /// Memory traces: capture, simulate, export, benchmark.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -209,6 +229,8 @@ fn main() -> ExitCode {
             eprintln!("mmulab: {e:#}");
             if e.downcast_ref::<mmulab_experiment::SpecError>().is_some()
                 || e.downcast_ref::<trace_cmd::BadInput>().is_some()
+                || e.downcast_ref::<mmulab_sweep::SweepError>()
+                    .is_some_and(|e| e.is_bad_input())
             {
                 ExitCode::from(2)
             } else {
@@ -278,6 +300,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             seeds,
             start,
             json,
+            backend,
+            out,
+            wait,
+            resume,
+            slurm_args,
         } => {
             if mmulab_protocols::find(&protocol).is_none() {
                 return Err(mmulab_experiment::SpecError::Invalid(format!(
@@ -286,6 +313,22 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ))
                 .into());
             }
+            if backend == sweep_cmd::Backend::Slurm {
+                let opts = sweep_cmd::Opts {
+                    jobs: None,
+                    backend,
+                    shard: None,
+                    resume,
+                    wait,
+                    slurm_args,
+                    json,
+                };
+                return sweep_cmd::check(&protocol, start, seeds, out, opts);
+            }
+            anyhow::ensure!(
+                out.is_none() && !wait && !resume && slurm_args.is_empty(),
+                "--out, --wait, --resume and --slurm-arg go with --backend slurm"
+            );
             let pb = bar(seeds, &format!("check {protocol}"));
             let report =
                 mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));
@@ -548,6 +591,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+        Command::Sweep(a) => sweep_cmd::run(a),
         Command::Trace(t) => trace_cmd::run(t),
         Command::Dsm(DsmCommand::Run { config, site, argv }) => {
             let code = mmulab_mirage::runtime::cli::run_program(
