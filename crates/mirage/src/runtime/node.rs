@@ -1816,7 +1816,10 @@ impl CoreLoop {
                 let segs: Vec<SegmentId> = self.segs.keys().copied().collect();
                 segs.into_iter().flat_map(seg_pages).collect()
             }
-            Event::Create { .. } | Event::Attach { .. } | Event::SetWindow { .. } => Vec::new(),
+            Event::Create { .. }
+            | Event::Attach { .. }
+            | Event::SetWindow { .. }
+            | Event::Remove { .. } => Vec::new(),
         }
     }
 
