@@ -260,10 +260,10 @@ fn a_recorded_trace_replays_through_the_core_alone() {
     }
     a.shmdt(pa as *mut u8).unwrap();
     b.shmdt(pb as *mut u8).unwrap();
-    let tick_ns = a.node().config().tick_ns;
+    let core = a.node().config().core_config();
     for (site, d) in [(SiteId(0), &a), (SiteId(1), &b)] {
         let trace = d.node().take_trace();
-        let events = replay(site, 2, tick_ns, &trace).expect("replay matches");
+        let events = replay(site, 2, core.clone(), &trace).expect("replay matches");
         assert!(events > 20, "{site:?}: only {events} events");
     }
 }

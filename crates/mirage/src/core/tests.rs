@@ -495,7 +495,10 @@ fn under_system_v_the_last_detach_keeps_the_segment_and_its_pages_until_removed(
     net.fault(2, 1, Access::Read);
     detach_all(&mut net, &[1, 2, 0]);
     for s in 0..3 {
-        assert!(!destroyed_at(&net, s), "site {s}: destroyed without IPC_RMID");
+        assert!(
+            !destroyed_at(&net, s),
+            "site {s}: destroyed without IPC_RMID"
+        );
     }
     assert_eq!(net.sites[0].library_pages(net.seg), Some(2));
     // Removed by a site that is not the library: every site is told.
@@ -514,7 +517,10 @@ fn under_system_v_a_removed_segment_dies_at_its_last_detach() {
     net.ev(0, Event::Remove { segment: net.seg });
     net.settle();
     detach_all(&mut net, &[1]);
-    assert!(!destroyed_at(&net, 0) && !destroyed_at(&net, 1), "site 0 is attached");
+    assert!(
+        !destroyed_at(&net, 0) && !destroyed_at(&net, 1),
+        "site 0 is attached"
+    );
     detach_all(&mut net, &[0]);
     assert!(destroyed_at(&net, 0) && destroyed_at(&net, 1));
     // A removal that crosses the destruction is no peer error.

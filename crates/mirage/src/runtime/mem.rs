@@ -529,6 +529,35 @@ impl SegmentMemory {
         }
     }
 
+    /// Pages present in the memfd (this site's copy; a hole is none).
+    pub fn resident_pages(&self) -> u64 {
+        rustix::fs::fstat(&self.fd)
+            .map_or(0, |st| st.st_blocks as u64 * 512 / self.page_bytes as u64)
+    }
+
+    /// `SHM_LOCK`: pins this site's copy in memory. `MLOCK_ONFAULT`: a
+    /// page is locked once present, and none is brought in by the lock,
+    /// because a page held nowhere here must stay a hole (the
+    /// userfaultfd path takes rights away by punching pages out).
+    pub fn set_locked(&self, on: bool) -> io::Result<()> {
+        // SAFETY: the service mapping, owned by this value, whole.
+        let rc = unsafe {
+            if on {
+                libc::mlock2(
+                    self.service as *const c_void,
+                    self.len(),
+                    libc::MLOCK_ONFAULT,
+                )
+            } else {
+                libc::munlock(self.service as *const c_void, self.len())
+            }
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     pub fn is_frozen(&self) -> bool {
         self.frozen
     }
