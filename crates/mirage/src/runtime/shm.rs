@@ -1042,12 +1042,13 @@ impl Dsm {
         self.sweep(&mut ids);
         let _ = writeln!(
             t,
-            "shmids on this site ({} semantics):",
+            "semantics: {}",
             match self.semantics() {
-                Semantics::Sysv => "sysv",
-                Semantics::Mirage => "mirage",
+                Semantics::Sysv => "sysv (a segment lives until IPC_RMID and its last detach)",
+                Semantics::Mirage => "mirage (the last detach destroys a segment, fleisch89 §2.2)",
             }
         );
+        let _ = writeln!(t, "shmids on this site:");
         if ids.table.in_use() == 0 {
             let _ = writeln!(t, "  none");
         }
