@@ -368,7 +368,9 @@ fn clone_for_child(path: &std::ffi::OsStr, maps: &[(u32, Mapping)]) -> std::io::
         r.tid = gettid();
         r.a = *process as u64;
         r.b = if m.readonly { SHM_RDONLY as u64 } else { 0 };
-        r.c = if current_uffd().is_some() {
+        // A read-only attach is always on the mprotect path (see
+        // `mmulab_shmat`).
+        r.c = if current_uffd().is_some() && !m.readonly {
             mode::UFFD
         } else {
             mode::MPROTECT
@@ -507,7 +509,15 @@ extern "C" fn fork_child() {
 /// (`REGISTER`, the fd with the first) and waits for its answers, which
 /// set the present protections.
 fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
-    for m in prep.maps.values() {
+    // Read-only attaches were cloned on the mprotect path, their present
+    // protections already set on the inherited mapping: nothing to do.
+    let armed: BTreeMap<u32, Mapping> = prep
+        .maps
+        .iter()
+        .filter(|(_, m)| !m.readonly)
+        .map(|(&p, &m)| (p, m))
+        .collect();
+    for m in armed.values() {
         match u {
             Some(u) => {
                 u.register(m.base, m.len, m.readonly)?;
@@ -529,7 +539,7 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
         Some(Duration::from_secs(10)),
     )?;
     let mut first = true;
-    for (i, (&process, m)) in prep.maps.iter().enumerate() {
+    for (i, (&process, m)) in armed.iter().enumerate() {
         let mut r = LocalMsg::new(kind::REGISTER);
         r.id = i as u64 + 1;
         r.a = process as u64;
@@ -545,7 +555,7 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
     }
     let mut answered = 0;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    while answered < prep.maps.len() {
+    while answered < armed.len() {
         let n = rustix::net::recv(&prep.sock, &mut buf, RecvFlags::empty())?.0;
         let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
             return Err(std::io::Error::other("the daemon hung up"));
@@ -554,7 +564,8 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
             kind::REPLY if m.err != 0 => return Err(std::io::Error::from_raw_os_error(m.err)),
             kind::REPLY => answered += 1,
             kind::PROTECT => {
-                // The mprotect fallback: the present protections.
+                // The mprotect fallback's present protections, or a change
+                // to a read-only (mprotect) attach meanwhile.
                 if let Some(map) = prep.maps.get(&(m.a as u32)) {
                     protect_range(map, &m);
                 }
@@ -798,7 +809,9 @@ fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
     };
     let readonly = m.c != 0;
     let exec = shmflg & SHM_EXEC != 0;
-    let u = current_uffd();
+    // A read-only attach maps a read-only descriptor, which userfaultfd
+    // cannot register (no VM_MAYWRITE): it is on the mprotect path.
+    let u = current_uffd().filter(|_| !readonly);
     // On the userfaultfd path the mapping keeps its access and the kernel
     // asks the daemon (holes, write protection); on the mprotect path it
     // starts inaccessible.
@@ -1163,7 +1176,9 @@ pub unsafe extern "C" fn mmulab_shmat(shmid: i32, addr: *const c_void, shmflg: i
     let mut m = LocalMsg::new(kind::ATTACH);
     m.a = shmid as u32 as u64;
     m.b = shmflg as u32 as u64;
-    m.c = if current_uffd().is_some() {
+    // A read-only attach gets a read-only descriptor (it cannot be made
+    // writable), which userfaultfd cannot register: the mprotect path.
+    m.c = if current_uffd().is_some() && shmflg & SHM_RDONLY == 0 {
         mode::UFFD
     } else {
         mode::MPROTECT

@@ -259,7 +259,10 @@ fn system_v_semantics_of_get_attach_and_control() {
     // then b's id for it is gone too.
     a.shmdt(w as *mut u8).unwrap();
     assert_eq!(a.shmctl(id, ShmCtl::Stat), Err(ShmError::Invalid));
-    assert!(b.shmctl(idb, ShmCtl::Stat).is_ok(), "b still has it attached");
+    assert!(
+        b.shmctl(idb, ShmCtl::Stat).is_ok(),
+        "b still has it attached"
+    );
     b.shmdt(r as *mut u8).unwrap();
     assert_eq!(b.shmdt(r as *mut u8), Err(ShmError::Invalid));
     eventually("b's id outlived the segment", || {

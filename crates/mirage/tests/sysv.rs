@@ -119,9 +119,13 @@ impl Cluster {
         let mut sites = Vec::new();
         let mut servers = Vec::new();
         for (i, l) in [la, lb].into_iter().enumerate() {
-            let node =
-                Node::start_with_listener(config.clone(), SiteId(i as u16), l, NodeOptions::default())
-                    .unwrap();
+            let node = Node::start_with_listener(
+                config.clone(),
+                SiteId(i as u16),
+                l,
+                NodeOptions::default(),
+            )
+            .unwrap();
             let dsm = Arc::new(Dsm::new(node));
             let sock = dir.join(format!("{}.sock", (b'a' + i as u8) as char));
             servers.push(Some(LocalServer::start(dsm.clone(), &sock).unwrap()));
@@ -190,7 +194,13 @@ enum Under<'a> {
     Shim(&'a Cluster, usize, &'a [(&'a str, &'a str)]),
 }
 
-fn conformance(prog: &Path, who: &str, keys: &str, case: Option<&str>, under: Under) -> Vec<String> {
+fn conformance(
+    prog: &Path,
+    who: &str,
+    keys: &str,
+    case: Option<&str>,
+    under: Under,
+) -> Vec<String> {
     let mut cmd = Command::new(prog);
     cmd.arg(who).arg(keys).args(case);
     if let Under::Shim(c, site, env) = under {
@@ -202,7 +212,9 @@ fn conformance(prog: &Path, who: &str, keys: &str, case: Option<&str>, under: Un
     }
     let what = match under {
         Under::Kernel => format!("sysv_conformance {who} on the kernel"),
-        Under::Shim(_, site, env) => format!("sysv_conformance {who} under the shim, site {site}, {env:?}"),
+        Under::Shim(_, site, env) => {
+            format!("sysv_conformance {who} under the shim, site {site}, {env:?}")
+        }
     };
     let o = run(cmd, Duration::from_secs(180), &what);
     assert!(
@@ -216,7 +228,11 @@ fn conformance(prog: &Path, who: &str, keys: &str, case: Option<&str>, under: Un
         .lines()
         .map(str::to_string)
         .collect();
-    assert_eq!(out.last().map(String::as_str), Some("done"), "{what}: {out:?}");
+    assert_eq!(
+        out.last().map(String::as_str),
+        Some("done"),
+        "{what}: {out:?}"
+    );
     out
 }
 
@@ -254,7 +270,12 @@ fn compare_all(who: &str, site: usize, env: &[(&str, &str)], salt: u32) {
     eprintln!(
         "conformance as {who} on site {site} {env:?}: {agree} of {total} comparisons agree with the kernel"
     );
-    assert!(diffs.is_empty(), "{} differ:\n{}", diffs.len(), diffs.join("\n"));
+    assert!(
+        diffs.is_empty(),
+        "{} differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -304,7 +325,13 @@ fn the_comparison_catches_untrapped_raw_calls_and_fleischs_lifetime_rule() {
     {
         let sysv = Cluster::start(&dir, Semantics::Sysv, Some(0o666));
         let off = [("MMULAB_DSM_SECCOMP", "off")];
-        let shim = conformance(&prog, "root", &keys, Some("raw"), Under::Shim(&sysv, 0, &off));
+        let shim = conformance(
+            &prog,
+            "root",
+            &keys,
+            Some("raw"),
+            Under::Shim(&sysv, 0, &off),
+        );
         let (_, _, diffs) = agreement(&native, &shim);
         assert!(
             diffs.iter().any(|d| d.contains("libc-stat-of-raw")),
@@ -313,9 +340,20 @@ fn the_comparison_catches_untrapped_raw_calls_and_fleischs_lifetime_rule() {
     }
     let native = conformance(&prog, "root", &keys, Some("ids"), Under::Kernel);
     let mirage = Cluster::start(&dir, Semantics::Mirage, Some(0o666));
-    let shim = conformance(&prog, "root", &keys, Some("ids"), Under::Shim(&mirage, 0, &[]));
+    let shim = conformance(
+        &prog,
+        "root",
+        &keys,
+        Some("ids"),
+        Under::Shim(&mirage, 0, &[]),
+    );
     let (_, _, diffs) = agreement(&native, &shim);
-    let lifetime = ["stat-live-unattached", "get-live-by-key", "reattach-live", "kept"];
+    let lifetime = [
+        "stat-live-unattached",
+        "get-live-by-key",
+        "reattach-live",
+        "kept",
+    ];
     assert!(
         diffs.iter().any(|d| lifetime.iter().any(|l| d.contains(l))),
         "fleisch89's rule went unnoticed: {diffs:?}"
@@ -368,10 +406,16 @@ fn sysv_keeps_a_detached_segment_and_mirage_destroys_it_at_the_last_detach() {
         Ok(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
     }
     for (semantics, want) in [
-        (Semantics::Sysv, ["stat after the last detach: 0 errno 0", "reattach: kept"]),
+        (
+            Semantics::Sysv,
+            ["stat after the last detach: 0 errno 0", "reattach: kept"],
+        ),
         (
             Semantics::Mirage,
-            ["stat after the last detach: -1 errno 22", "reattach: failed"],
+            [
+                "stat after the last detach: -1 errno 22",
+                "reattach: failed",
+            ],
         ),
     ] {
         let c = Cluster::start(&dir, semantics, None);
@@ -384,5 +428,187 @@ fn sysv_keeps_a_detached_segment_and_mirage_destroys_it_at_the_last_detach() {
             assert!(out.contains(w), "{semantics:?}: want {w:?}; got {out}");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// Issue #23, finding 7: the local socket is the daemon's to protect.
+
+const GET_C: &str = r#"
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/shm.h>
+int main(void) {
+    int id = shmget(IPC_PRIVATE, 4096, 0600);
+    if (id < 0) { printf("shmget: %s\n", strerror(errno)); return 1; }
+    printf("shmget: ok\n");
+    shmctl(id, IPC_RMID, NULL);
+    return 0;
+}
+"#;
+
+fn compile_get(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("get.c");
+    std::fs::write(&src, GET_C).unwrap();
+    let prog = dir.join("get");
+    match Command::new("cc").arg("-o").arg(&prog).arg(&src).output() {
+        Err(e) => {
+            eprintln!("skipped: no C compiler ({e})");
+            None
+        }
+        Ok(o) => {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            Some(prog)
+        }
+    }
+}
+
+/// Runs `prog` under the shim on site 0 as `nobody` (uid and gid 65534).
+fn get_as_nobody(c: &Cluster, prog: &Path) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(prog);
+    cmd.env("LD_PRELOAD", &c.shim)
+        .env(proto::SOCKET_ENV, c.socket(0))
+        .uid(65534)
+        .gid(65534);
+    run(cmd, Duration::from_secs(60), "get as nobody")
+}
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// The socket is 0600 by default, whatever the umask (finding 7 was
+/// reproduced under umask 000): another user cannot reach the daemon.
+/// With `socket_mode = 0666` it can, and each call is still checked
+/// (the conformance tests run as nobody that way).
+#[test]
+fn the_socket_is_0600_whatever_the_umask_and_0666_admits_every_user() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let _one = serial();
+    let dir = tmp("umask");
+    let Some(prog) = compile_get(&dir) else {
+        return;
+    };
+    // SAFETY: umask is process-wide; the serial lock keeps this binary's
+    // other tests out meanwhile, and it is restored below.
+    let old = unsafe { nix::libc::umask(0) };
+    let c = Cluster::start(&dir, Semantics::Sysv, None);
+    // SAFETY: as above.
+    unsafe { nix::libc::umask(old) };
+    assert_eq!(mode_of(c.socket(0)), 0o600);
+    let o = get_as_nobody(&c, &prog);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "nobody reached a 0600 socket");
+    assert!(err.contains("Permission denied"), "{err}");
+    drop(c);
+    let c = Cluster::start(&dir, Semantics::Sysv, Some(0o666));
+    assert_eq!(mode_of(c.socket(0)), 0o666);
+    let o = get_as_nobody(&c, &prog);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `group`: the socket is 0660 and in that group, and a member may
+/// connect; a peer the mode does not admit (the file was made 0666
+/// behind the daemon's back) is closed at once, unserved.
+#[test]
+fn a_group_socket_admits_its_members_and_a_peer_the_mode_refuses_is_closed() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let _one = serial();
+    let dir = tmp("group");
+    let Some(prog) = compile_get(&dir) else {
+        return;
+    };
+    let la = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut config = ClusterConfig::loopback(
+        std::process::id() as u64 ^ 0x4752,
+        &[la.local_addr().unwrap()],
+    );
+    config.group = Some("65534".into());
+    let node = Node::start_with_listener(config, SiteId(0), la, NodeOptions::default()).unwrap();
+    let dsm = Arc::new(Dsm::new(node));
+    let path = dir.join("g.sock");
+    let server = LocalServer::start(dsm.clone(), &path).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(&path).unwrap();
+    assert_eq!((mode_of(&path), m.gid()), (0o660, 65534));
+    let c = Cluster {
+        sites: vec![dsm.clone()],
+        servers: vec![Some(server)],
+        shim: mmulab_mirage::runtime::cli::find_shim().unwrap(),
+    };
+    let o = get_as_nobody(&c, &prog);
+    assert!(
+        o.status.success(),
+        "a member of the socket's group: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    drop(c);
+    // Default 0600, then opened up behind the daemon's back.
+    let c = Cluster::start(&dir, Semantics::Sysv, None);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(c.socket(0), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = get_as_nobody(&c, &prog);
+    assert!(
+        !o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("shmget: ok"),
+        "a peer socket_mode does not admit was served"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file at the socket path that is not a socket stops the start and is
+/// left as it was (finding 7: it was deleted); a socket no daemon
+/// listens on is replaced; a live one is refused.
+#[test]
+fn the_daemon_never_deletes_a_file_at_its_socket_path() {
+    let _one = serial();
+    let dir = tmp("path");
+    let path = dir.join("x.sock");
+    std::fs::write(&path, "precious\n").unwrap();
+    let la = TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ClusterConfig::loopback(
+        std::process::id() as u64 ^ 0x5041,
+        &[la.local_addr().unwrap()],
+    );
+    let node = Node::start_with_listener(config, SiteId(0), la, NodeOptions::default()).unwrap();
+    let dsm = Arc::new(Dsm::new(node));
+    let e = LocalServer::start(dsm.clone(), &path)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("is not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious\n");
+    // A socket left by a crash (nothing listens): replaced.
+    std::fs::remove_file(&path).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let server = LocalServer::start(dsm.clone(), &path).unwrap();
+    // A live one: refused, and left alone.
+    let e = LocalServer::start(dsm.clone(), &path)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("another site daemon"), "{e}");
+    assert!(path.exists());
+    drop(server);
+    assert!(
+        !path.exists(),
+        "the daemon removes its own socket at its stop"
+    );
+    // What replaced its socket meanwhile is not its own: it stays.
+    let server = LocalServer::start(dsm.clone(), &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, "mine\n").unwrap();
+    drop(server);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "mine\n");
+    dsm.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

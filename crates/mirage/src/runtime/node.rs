@@ -2126,7 +2126,10 @@ impl CoreLoop {
                     m.a = process as u64;
                     m.b = mem.len() as u64;
                     m.c = readonly as u64;
-                    if !client.send_fd(&m, mem.memfd()) {
+                    let fd = mem
+                        .share(readonly)
+                        .map_err(|e| ShmError::Os(format!("memfd: {e}")))?;
+                    if !client.send_fd(&m, rustix::fd::AsFd::as_fd(&fd)) {
                         return Err(ShmError::Os("the program's socket is closed".into()));
                     }
                     let faults = if *uffd {

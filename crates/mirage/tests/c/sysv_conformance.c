@@ -148,6 +148,8 @@ static void perm_nobody_readable(int id) {
     void *p = shmat(id, NULL, SHM_RDONLY);
     if (step(c, "shmat-ro", at(p))) {
         val(c, "reads", *(volatile int *)p);
+        /* A read-only attach cannot be made writable. */
+        step(c, "mprotect-write", mprotect(p, ps, PROT_READ | PROT_WRITE));
         step(c, "shmdt", shmdt(p));
     }
     step(c, "shmat-rw", at(shmat(id, NULL, 0)));
