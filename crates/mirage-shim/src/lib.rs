@@ -42,6 +42,18 @@
 //!   from the x86-64 error code) sends one record to the daemon and
 //!   sleeps on a futex until the daemon's `WAKE`.
 //!
+//! System V as Linux gives it (issue #27): every request names its calling
+//! thread, and the daemon checks it against that thread's credentials as
+//! the kernel would (the kernel vouches for the pid); every `shmctl`
+//! command is carried, with `shmctl`'s buffer read and written here as
+//! the kernel copies it (a bad address is EFAULT). Raw `shmget`, `shmat`,
+//! `shmdt`, `shmctl` and `remap_file_pages` system calls are trapped by a
+//! seccomp filter installed when the library loads ([`trap`]), and
+//! `remap_file_pages` of a DSM mapping never maps the segment around the
+//! protocol ([`remap_dsm`]). A `SHM_RDONLY` attach gets a read-only
+//! descriptor, which userfaultfd cannot register: such an attach is on
+//! the mprotect path whatever the process's path.
+//!
 //! Limits: a statically linked program never loads this library and uses
 //! the kernel's own System V segments (`mmulab dsm run` warns); a program
 //! that installs its own SIGSEGV handler after attaching takes the faults

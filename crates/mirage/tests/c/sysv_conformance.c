@@ -240,6 +240,36 @@ static void case_perm(void) {
     }
 }
 
+/* ---- credentials at the time of each call ------------------------- */
+
+static void creds_child(int id) {
+    /* Forked while the parent had the segment attached: this child's
+     * connection to a site daemon was opened by its parent, as root. */
+    const char *c = "creds-child";
+    step(c, "shmat-as-nobody", at(shmat(id, NULL, 0)));
+    struct shmid_ds ds;
+    step(c, "stat-as-nobody", shmctl(id, IPC_STAT, &ds));
+}
+
+static void case_creds(void) {
+    const char *c = "creds";
+    if (!as_root) return;
+    struct shmid_ds ds;
+    int id = shmget(base + 17, 4096, IPC_CREAT | IPC_EXCL | 0600);
+    void *p = shmat(id, NULL, 0);
+    step(c, "attach-as-root", at(p));
+    as_nobody(creds_child, id);
+    /* The same process and connection, another effective user. */
+    step(c, "seteuid-nobody", seteuid(NOBODY));
+    step(c, "shmat-as-euid-nobody", at(shmat(id, NULL, 0)));
+    step(c, "stat-as-euid-nobody", shmctl(id, IPC_STAT, &ds));
+    step(c, "rmid-as-euid-nobody", shmctl(id, IPC_RMID, NULL));
+    step(c, "seteuid-root", seteuid(0));
+    step(c, "stat-as-root-again", shmctl(id, IPC_STAT, &ds));
+    shmdt(p);
+    shmctl(id, IPC_RMID, NULL);
+}
+
 /* ---- ids and keys: Linux's life cycle ------------------------------ */
 
 static void case_ids(void) {
@@ -649,7 +679,8 @@ struct kase {
 };
 
 static const struct kase cases[] = {
-    {"perm", case_perm},     {"ids", case_ids},       {"size", case_size},
+    {"perm", case_perm},     {"creds", case_creds},   {"ids", case_ids},
+    {"size", case_size},
     {"limits", case_limits}, {"ds", case_ds},         {"info", case_info},
     {"lock", case_lock},     {"huge", case_huge},     {"raw", case_raw},
     {"remap", case_remap},   {"attach", case_attach},
