@@ -178,7 +178,7 @@ impl<T> IdTable<T> {
                 (idx, (n as u32) >> IPCMNI_SHIFT)
             }
             None => {
-                let max = ((self.slots.len() as u32 * 3 / 2).max(MIN_CYCLE)).min(IPCMNI);
+                let max = (self.slots.len() as u32 * 3 / 2).clamp(MIN_CYCLE, IPCMNI);
                 let from = (self.last_idx + 1) as u32;
                 let idx = (from..max)
                     .chain(0..from.min(max))
@@ -268,7 +268,7 @@ fn hugetlb_errno_in(sys: &Path, caller: &Caller, size: u64, shmflg: i32) -> i32 
     let read = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
     let page_kb = if log == 0 {
         default_huge_kb()
-    } else if log >= 10 && log < 64 {
+    } else if (10..64).contains(&log) {
         Some(1u64 << (log - 10))
     } else {
         None
