@@ -17,7 +17,7 @@
 
 use mmulab_mirage::core::SiteId;
 use mmulab_mirage::runtime::config::{ClusterConfig, FileMode, Semantics};
-use mmulab_mirage::runtime::local::{LocalServer, proto};
+use mmulab_mirage::runtime::local::{CallerChecks, LocalServer, proto};
 use mmulab_mirage::runtime::node::{Node, NodeOptions};
 use mmulab_mirage::runtime::shm::Dsm;
 use std::net::TcpListener;
@@ -109,6 +109,15 @@ struct Cluster {
 
 impl Cluster {
     fn start(dir: &Path, semantics: Semantics, socket_mode: Option<u32>) -> Cluster {
+        Cluster::start_checked(dir, semantics, socket_mode, CallerChecks::PerCall)
+    }
+
+    fn start_checked(
+        dir: &Path,
+        semantics: Semantics,
+        socket_mode: Option<u32>,
+        checks: CallerChecks,
+    ) -> Cluster {
         let la = TcpListener::bind("127.0.0.1:0").unwrap();
         let lb = TcpListener::bind("127.0.0.1:0").unwrap();
         let id = std::process::id() as u64 ^ 0x5359_5356;
@@ -128,7 +137,9 @@ impl Cluster {
             .unwrap();
             let dsm = Arc::new(Dsm::new(node));
             let sock = dir.join(format!("{}.sock", (b'a' + i as u8) as char));
-            servers.push(Some(LocalServer::start(dsm.clone(), &sock).unwrap()));
+            servers.push(Some(
+                LocalServer::start_with(dsm.clone(), &sock, checks).unwrap(),
+            ));
             sites.push(dsm);
         }
         let shim = mmulab_mirage::runtime::cli::find_shim()
@@ -306,8 +317,10 @@ fn as_nobody_on_the_mprotect_path_every_observation_matches_the_kernel() {
 }
 
 /// Negative controls: the comparison catches raw system calls that reach
-/// the kernel (the seccomp trap switched off), and fleisch89's rule, in
-/// which the last detach destroys a segment (`semantics = "mirage"`).
+/// the kernel (the seccomp trap switched off), calls checked against the
+/// connector's credentials instead of the caller's at the time of the
+/// call (as before issue #27), and fleisch89's rule, in which the last
+/// detach destroys a segment (`semantics = "mirage"`).
 #[test]
 fn the_comparison_catches_untrapped_raw_calls_and_fleischs_lifetime_rule() {
     if !is_root() {
@@ -337,6 +350,29 @@ fn the_comparison_catches_untrapped_raw_calls_and_fleischs_lifetime_rule() {
             diffs.iter().any(|d| d.contains("libc-stat-of-raw")),
             "raw calls that reach the kernel go unnoticed: {diffs:?}"
         );
+    }
+    let native = conformance(&prog, "root", &keys, Some("creds"), Under::Kernel);
+    {
+        let broken = Cluster::start_checked(
+            &dir,
+            Semantics::Sysv,
+            Some(0o666),
+            CallerChecks::ConnectorOnly,
+        );
+        let shim = conformance(
+            &prog,
+            "root",
+            &keys,
+            Some("creds"),
+            Under::Shim(&broken, 0, &[]),
+        );
+        let (_, _, diffs) = agreement(&native, &shim);
+        for line in ["creds-child/shmat-as-nobody", "creds/shmat-as-euid-nobody"] {
+            assert!(
+                diffs.iter().any(|d| d.contains(line)),
+                "{line}: connection-time credentials went unnoticed: {diffs:?}"
+            );
+        }
     }
     let native = conformance(&prog, "root", &keys, Some("ids"), Under::Kernel);
     let mirage = Cluster::start(&dir, Semantics::Mirage, Some(0o666));

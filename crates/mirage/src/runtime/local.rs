@@ -62,6 +62,7 @@ pub struct Client {
     /// `SO_PEERCRED` of the connector.
     peer_uid: u32,
     peer_gid: u32,
+    checks: CallerChecks,
     seq: AtomicU64,
     acks: Mutex<AckState>,
     cv: Condvar,
@@ -234,6 +235,20 @@ struct Admission {
     mode: u32,
     gid: Option<u32>,
     owner: u32,
+    checks: CallerChecks,
+}
+
+/// Whose credentials a call is checked against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CallerChecks {
+    /// The calling thread's, at the time of the call (see
+    /// [`super::creds`]).
+    #[default]
+    PerCall,
+    /// A deliberately broken variant, for a negative control only: the
+    /// connector's (`SO_PEERCRED`), as before issue #27 — a process that
+    /// switches users keeps the first one's rights.
+    ConnectorOnly,
 }
 
 impl Admission {
@@ -296,6 +311,17 @@ impl LocalServer {
     /// Binds `path` with the configured mode and group (see the module's
     /// notes) and serves programs.
     pub fn start(dsm: Arc<Dsm>, path: &Path) -> std::io::Result<LocalServer> {
+        LocalServer::start_with(dsm, path, CallerChecks::PerCall)
+    }
+
+    /// [`LocalServer::start`] with a choice of credential checks (a
+    /// negative control for the tests).
+    #[doc(hidden)]
+    pub fn start_with(
+        dsm: Arc<Dsm>,
+        path: &Path,
+        checks: CallerChecks,
+    ) -> std::io::Result<LocalServer> {
         let config = dsm.node().config();
         let mode = config.effective_socket_mode();
         let gid = config
@@ -342,6 +368,7 @@ impl LocalServer {
             gid,
             // SAFETY: no preconditions.
             owner: unsafe { libc::geteuid() },
+            checks,
         };
         let thread = std::thread::Builder::new()
             .name("dsm-local".into())
@@ -422,6 +449,7 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>, adm
             pid: AtomicI32::new(pid),
             peer_uid: uid,
             peer_gid: gid,
+            checks: admission.checks,
             seq: AtomicU64::new(0),
             acks: Mutex::new(AckState::default()),
             cv: Condvar::new(),
@@ -520,6 +548,12 @@ fn reply(c: &Client, req: &LocalMsg, result: Result<[u64; 4], ShmError>) {
 /// The caller of a request: the thread it names, within the process the
 /// kernel names (see [`super::creds`]).
 fn caller_of(c: &Client, r: &Received) -> Caller {
+    if c.checks == CallerChecks::ConnectorOnly {
+        let pid = c.pid();
+        return Caller::from_proc(pid, pid)
+            .filter(|p| p.uid == c.peer_uid)
+            .unwrap_or_else(|| Caller::from_scm(pid, c.peer_uid, c.peer_gid));
+    }
     let (pid, uid, gid) = r.scm.unwrap_or((c.pid(), c.peer_uid, c.peer_gid));
     Caller::from_proc(pid, r.msg.tid as i32).unwrap_or_else(|| Caller::from_scm(pid, uid, gid))
 }
