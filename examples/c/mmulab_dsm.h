@@ -2,10 +2,12 @@
  *
  * System V shared memory, coherent across the sites of a cluster: every
  * read returns the last value written, on whatever site (fleisch89 §5).
- * The functions below are those of libmmulab_shm.so. They have System V
- * semantics (IPC_PRIVATE, IPC_CREAT|IPC_EXCL, mode bits, SHM_RDONLY, a
- * given or chosen address, IPC_STAT with nattch, IPC_SET, IPC_RMID) and
- * talk to the site daemon named by $MMULAB_DSM_SOCKET.
+ * The functions below are those of libmmulab_shm.so. They behave as
+ * Linux's shmget/shmat/shmdt/shmctl do (every shmctl command, the
+ * kernel's errno for each case, each call checked against the calling
+ * thread's credentials and the segment's owner, creator and mode; see
+ * docs/dsm.md, "System V as Linux gives it") and talk to the site daemon
+ * named by $MMULAB_DSM_SOCKET.
  *
  * Two ways to use it:
  *   - unmodified: `mmulab dsm run --config cluster.toml --site a -- ./prog`
@@ -15,10 +17,12 @@
  *     -L<dir> -lmmulab_shm, and run under `mmulab dsm run` (which sets
  *     $MMULAB_DSM_SOCKET).
  *
- * Mirage's rules (fleisch89 §2.2, §6):
- *   - IPC_RMID removes the key at once; the segment dies at its last
- *     detach on any site (and a last detach destroys it even without
- *     IPC_RMID).
+ * Lifetime (`semantics` in cluster.toml):
+ *   - "sysv" (the default): as on Linux, a segment lives until IPC_RMID
+ *     and its last detach, on every site; IPC_RMID frees the key at once.
+ *   - "mirage" (fleisch89 §2.2): the last detach, on any site, destroys
+ *     the segment, removed or not.
+ * Mirage's rule, either way (fleisch89 §6):
  *   - Coherence before availability: if the only current copy of a page
  *     was on a site that died, touching the page raises SIGBUS at that
  *     address and prints one line naming the segment, page and site.
@@ -50,7 +54,8 @@ int mmulab_shmget(key_t key, size_t size, int shmflg);
 void *mmulab_shmat(int shmid, const void *shmaddr, int shmflg);
 /* As shmdt(2). */
 int mmulab_shmdt(const void *shmaddr);
-/* As shmctl(2) for IPC_STAT, IPC_SET (mode bits) and IPC_RMID. */
+/* As shmctl(2): IPC_STAT, IPC_SET, IPC_RMID, IPC_INFO, SHM_INFO,
+ * SHM_STAT, SHM_STAT_ANY, SHM_LOCK, SHM_UNLOCK. */
 int mmulab_shmctl(int shmid, int cmd, struct shmid_ds *buf);
 /* Sets Δ, the time a site keeps a page before it must give it up, in the
  * cluster's ticks (tick_ns in cluster.toml), for every page of a segment

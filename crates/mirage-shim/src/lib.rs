@@ -42,6 +42,18 @@
 //!   from the x86-64 error code) sends one record to the daemon and
 //!   sleeps on a futex until the daemon's `WAKE`.
 //!
+//! System V as Linux gives it (issue #27): every request names its calling
+//! thread, and the daemon checks it against that thread's credentials as
+//! the kernel would (the kernel vouches for the pid); every `shmctl`
+//! command is carried, with `shmctl`'s buffer read and written here as
+//! the kernel copies it (a bad address is EFAULT). Raw `shmget`, `shmat`,
+//! `shmdt`, `shmctl` and `remap_file_pages` system calls are trapped by a
+//! seccomp filter installed when the library loads ([`trap`]), and
+//! `remap_file_pages` of a DSM mapping never maps the segment around the
+//! protocol ([`remap_dsm`]). A `SHM_RDONLY` attach gets a read-only
+//! descriptor, which userfaultfd cannot register: such an attach is on
+//! the mprotect path whatever the process's path.
+//!
 //! Limits: a statically linked program never loads this library and uses
 //! the kernel's own System V segments (`mmulab dsm run` warns); a program
 //! that installs its own SIGSEGV handler after attaching takes the faults
@@ -79,10 +91,26 @@ use std::time::{Duration, Instant};
 /// How long an API call waits for the daemon.
 const API_TIMEOUT: Duration = Duration::from_secs(60);
 
-const IPC_RMID: i32 = 0;
 const IPC_SET: i32 = 1;
 const IPC_STAT: i32 = 2;
+const IPC_INFO: i32 = 3;
+const SHM_STAT: i32 = 13;
+const SHM_INFO: i32 = 14;
+const SHM_STAT_ANY: i32 = 15;
 const SHM_RDONLY: i32 = 0o10000;
+const SHM_RND: i32 = 0o20000;
+const SHM_REMAP: i32 = 0o40000;
+const SHM_EXEC: i32 = 0o100000;
+/// `SHMLBA` on x86-64 (and the other architectures this shim builds for
+/// without `__ARCH_FORCE_SHMLBA`): the page size.
+fn shmlba() -> usize {
+    page_size()
+}
+
+fn gettid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
 
 fn page_size() -> usize {
     // SAFETY: no preconditions.
@@ -115,12 +143,16 @@ struct Mapping {
     len: usize,
     slot: usize,
     readonly: bool,
+    /// `SHM_EXEC`: granted pages are executable too.
+    exec: bool,
 }
 
 enum Pending {
-    /// An attach asks for this address (0: anywhere).
+    /// An attach asks for this address (0: anywhere), with its `shmat`
+    /// flags.
     Waiting {
         addr: usize,
+        flags: i32,
     },
     /// The userfaultfd path: mapped and registered at `base`, waiting
     /// for the daemon's answer to `REGISTER`.
@@ -149,7 +181,7 @@ fn client() -> Option<&'static Client> {
         // SAFETY: clients are leaked, never freed.
         return Some(unsafe { &*p });
     }
-    let path = std::env::var_os(proto::SOCKET_ENV)?;
+    let path = socket_path()?;
     let _g = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
     let p = CURRENT.load(Ordering::Acquire);
     if !p.is_null() {
@@ -157,7 +189,7 @@ fn client() -> Option<&'static Client> {
         return Some(unsafe { &*p });
     }
     choose_fault_path();
-    match open_socket(&path) {
+    match open_socket(path) {
         Ok(sock) => Some(adopt(sock, BTreeMap::new())),
         Err(e) => {
             eprintln!(
@@ -325,10 +357,10 @@ extern "C" fn fork_prepare() {
     if maps.is_empty() {
         return;
     }
-    let Some(path) = std::env::var_os(proto::SOCKET_ENV) else {
+    let Some(path) = socket_path() else {
         return;
     };
-    let prep = clone_for_child(&path, &maps);
+    let prep = clone_for_child(path, &maps);
     match prep {
         Ok(prep) => *PREP.lock().unwrap_or_else(|e| e.into_inner()) = Some(prep),
         Err(e) => eprintln!("mmulab dsm: fork: the child's mappings are not re-armed: {e}"),
@@ -345,9 +377,12 @@ fn clone_for_child(path: &std::ffi::OsStr, maps: &[(u32, Mapping)]) -> std::io::
     for (i, (process, m)) in maps.iter().enumerate() {
         let mut r = LocalMsg::new(kind::CLONE);
         r.id = i as u64 + 1;
+        r.tid = gettid();
         r.a = *process as u64;
         r.b = if m.readonly { SHM_RDONLY as u64 } else { 0 };
-        r.c = if current_uffd().is_some() {
+        // A read-only attach is always on the mprotect path (see
+        // `mmulab_shmat`).
+        r.c = if current_uffd().is_some() && !m.readonly {
             mode::UFFD
         } else {
             mode::MPROTECT
@@ -423,6 +458,16 @@ extern "C" fn fork_child() {
         };
         own = Some(uffd::Uffd::open(user_mode_only));
     }
+    // The parent's connection is the parent's: the child's copy goes, so
+    // that the daemon sees the parent's exit when it happens (a socket
+    // still open in a child would hide it).
+    let old = CURRENT.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if !old.is_null() {
+        // SAFETY: the leaked parent's client; only this process's copy of
+        // its fd is closed (the struct is never dropped or used again).
+        unsafe { libc::close((*old).sock.as_raw_fd()) };
+    }
+    SOCK_FD.store(-1, Ordering::Release);
     let prep = PREP.lock().unwrap_or_else(|e| e.into_inner()).take();
     let Some(prep) = prep else {
         // No DSM mappings (or re-arming switched off): the child connects
@@ -462,7 +507,12 @@ extern "C" fn fork_child() {
             UFFD.store(Box::into_raw(Box::new(u)), Ordering::Release);
         }
     }
-    adopt(prep.sock, prep.maps);
+    let c = adopt(prep.sock, prep.maps);
+    // The connection was opened by the parent: the daemon learns that
+    // this process (the kernel gives its pid) uses it now.
+    let mut ident = LocalMsg::new(kind::IDENT);
+    ident.tid = gettid();
+    c.send(&ident);
 }
 
 /// The child of a fork on the userfaultfd path: registers every inherited
@@ -471,7 +521,15 @@ extern "C" fn fork_child() {
 /// (`REGISTER`, the fd with the first) and waits for its answers, which
 /// set the present protections.
 fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
-    for m in prep.maps.values() {
+    // Read-only attaches were cloned on the mprotect path, their present
+    // protections already set on the inherited mapping: nothing to do.
+    let armed: BTreeMap<u32, Mapping> = prep
+        .maps
+        .iter()
+        .filter(|(_, m)| !m.readonly)
+        .map(|(&p, &m)| (p, m))
+        .collect();
+    for m in armed.values() {
         match u {
             Some(u) => {
                 u.register(m.base, m.len, m.readonly)?;
@@ -493,7 +551,7 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
         Some(Duration::from_secs(10)),
     )?;
     let mut first = true;
-    for (i, (&process, m)) in prep.maps.iter().enumerate() {
+    for (i, (&process, m)) in armed.iter().enumerate() {
         let mut r = LocalMsg::new(kind::REGISTER);
         r.id = i as u64 + 1;
         r.a = process as u64;
@@ -509,7 +567,7 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
     }
     let mut answered = 0;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    while answered < prep.maps.len() {
+    while answered < armed.len() {
         let n = rustix::net::recv(&prep.sock, &mut buf, RecvFlags::empty())?.0;
         let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
             return Err(std::io::Error::other("the daemon hung up"));
@@ -518,7 +576,8 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
             kind::REPLY if m.err != 0 => return Err(std::io::Error::from_raw_os_error(m.err)),
             kind::REPLY => answered += 1,
             kind::PROTECT => {
-                // The mprotect fallback: the present protections.
+                // The mprotect fallback's present protections, or a change
+                // to a read-only (mprotect) attach meanwhile.
                 if let Some(map) = prep.maps.get(&(m.a as u32)) {
                     protect_range(map, &m);
                 }
@@ -541,9 +600,10 @@ fn rearm_child(prep: &ForkPrep, u: Option<&uffd::Uffd>) -> std::io::Result<()> {
 
 fn protect_range(map: &Mapping, m: &LocalMsg) {
     let ps = page_size();
+    let x = if map.exec { libc::PROT_EXEC } else { 0 };
     let prot = match m.d {
-        proto::prot::READ => libc::PROT_READ,
-        proto::prot::READ_WRITE => libc::PROT_READ | libc::PROT_WRITE,
+        proto::prot::READ => libc::PROT_READ | x,
+        proto::prot::READ_WRITE => libc::PROT_READ | libc::PROT_WRITE | x,
         _ => libc::PROT_NONE,
     };
     let off = m.b as usize * ps;
@@ -558,14 +618,25 @@ impl Client {
         rustix::net::send(&self.sock, m.as_bytes(), SendFlags::NOSIGNAL).is_ok()
     }
 
-    /// Sends a request and waits for its answer.
-    fn call(&self, mut m: LocalMsg, addr: usize) -> Result<(LocalMsg, usize), i32> {
+    /// Sends a request and waits for its answer. The daemon checks it
+    /// against the credentials of this thread (`tid`).
+    fn call(&self, m: LocalMsg, addr: usize) -> Result<(LocalMsg, usize), i32> {
+        self.call_flags(m, addr, 0)
+    }
+
+    fn call_flags(
+        &self,
+        mut m: LocalMsg,
+        addr: usize,
+        flags: i32,
+    ) -> Result<(LocalMsg, usize), i32> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         m.id = id;
+        m.tid = gettid();
         self.pending
             .lock()
             .expect("pending")
-            .insert(id, Pending::Waiting { addr });
+            .insert(id, Pending::Waiting { addr, flags });
         if !self.send(&m) {
             self.pending.lock().expect("pending").remove(&id);
             return Err(libc::EIO);
@@ -744,22 +815,47 @@ fn service(c: &'static Client) {
 fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
     let process = m.a as u32;
     let len = m.b as usize;
-    let want = match c.pending.lock().expect("pending").get(&m.id) {
-        Some(Pending::Waiting { addr }) => *addr,
-        _ => 0,
+    let (want, shmflg) = match c.pending.lock().expect("pending").get(&m.id) {
+        Some(Pending::Waiting { addr, flags }) => (*addr, *flags),
+        _ => (0, 0),
     };
     let readonly = m.c != 0;
-    let u = current_uffd();
+    let exec = shmflg & SHM_EXEC != 0;
+    // A read-only attach maps a read-only descriptor, which userfaultfd
+    // cannot register (no VM_MAYWRITE): it is on the mprotect path.
+    let u = current_uffd().filter(|_| !readonly);
     // On the userfaultfd path the mapping keeps its access and the kernel
     // asks the daemon (holes, write protection); on the mprotect path it
     // starts inaccessible.
+    let x = if exec { libc::PROT_EXEC } else { 0 };
     let prot = match (u, readonly) {
         (None, _) => libc::PROT_NONE,
-        (Some(_), true) => libc::PROT_READ,
-        (Some(_), false) => libc::PROT_READ | libc::PROT_WRITE,
+        (Some(_), true) => libc::PROT_READ | x,
+        (Some(_), false) => libc::PROT_READ | libc::PROT_WRITE | x,
     };
+    if want != 0 && shmflg & SHM_REMAP != 0 {
+        // SHM_REMAP replaces what is mapped there: a DSM attach in the
+        // way is detached, as the kernel's unmap detaches it.
+        let gone: Vec<(u32, Mapping)> = c
+            .maps
+            .lock()
+            .expect("maps")
+            .iter()
+            .filter(|(_, map)| map.base < want + m.b as usize && want < map.base + map.len)
+            .map(|(&p, &map)| (p, map))
+            .collect();
+        for (p, map) in gone {
+            c.maps.lock().expect("maps").remove(&p);
+            unregister(map.slot);
+            let mut d = LocalMsg::new(kind::DETACH);
+            d.a = p as u64;
+            c.send(&d);
+        }
+    }
     let mapped = fd.ok_or(libc::EIO).and_then(|fd| {
-        let flags = if want != 0 {
+        let flags = if want != 0 && shmflg & SHM_REMAP != 0 {
+            libc::MAP_SHARED | libc::MAP_FIXED
+        } else if want != 0 {
             libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE
         } else {
             libc::MAP_SHARED
@@ -816,6 +912,7 @@ fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {
                     len,
                     slot,
                     readonly,
+                    exec,
                 },
             );
             if u.is_some() {
@@ -1060,33 +1157,45 @@ pub unsafe extern "C" fn mmulab_shmget(key: libc::key_t, size: libc::size_t, shm
     }
 }
 
-/// `shmat(2)` on the DSM.
+/// `shmat(2)` on the DSM, with `do_shmat`'s address checks here and the
+/// id and permission checks at the daemon.
 ///
 /// # Safety
-/// `addr` is null or a page-aligned address the caller wants the segment at.
+/// `addr` is null or an address the caller wants the segment at.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mmulab_shmat(shmid: i32, addr: *const c_void, shmflg: i32) -> *mut c_void {
     let failed = usize::MAX as *mut c_void;
     let Some(c) = client() else {
         return fail(libc::ENOSYS, failed);
     };
+    if shmid < 0 {
+        return fail(libc::EINVAL, failed);
+    }
     let mut want = addr as usize;
-    if !want.is_multiple_of(page_size()) {
-        if shmflg & libc::SHM_RND != 0 {
-            want &= !(page_size() - 1);
-        } else {
-            return fail(libc::EINVAL, failed);
+    if want != 0 {
+        if want & (shmlba() - 1) != 0 {
+            if shmflg & SHM_RND == 0 {
+                return fail(libc::EINVAL, failed);
+            }
+            want &= !(shmlba() - 1);
+            if want == 0 && shmflg & SHM_REMAP != 0 {
+                return fail(libc::EINVAL, failed);
+            }
         }
+    } else if shmflg & SHM_REMAP != 0 {
+        return fail(libc::EINVAL, failed);
     }
     let mut m = LocalMsg::new(kind::ATTACH);
     m.a = shmid as u32 as u64;
-    m.b = (shmflg & SHM_RDONLY) as u64;
-    m.c = if current_uffd().is_some() {
+    m.b = shmflg as u32 as u64;
+    // A read-only attach gets a read-only descriptor (it cannot be made
+    // writable), which userfaultfd cannot register: the mprotect path.
+    m.c = if current_uffd().is_some() && shmflg & SHM_RDONLY == 0 {
         mode::UFFD
     } else {
         mode::MPROTECT
     };
-    match c.call(m, want) {
+    match c.call_flags(m, want, shmflg) {
         Ok((_, base)) => base as *mut c_void,
         Err(e) => fail(e, failed),
     }
@@ -1124,49 +1233,240 @@ pub unsafe extern "C" fn mmulab_shmdt(addr: *const c_void) -> i32 {
     }
 }
 
-/// `shmctl(2)` on the DSM: `IPC_STAT`, `IPC_SET` (mode bits) and `IPC_RMID`.
+/// The kernel's `shmid64_ds` on x86-64 (what `shmctl` copies; glibc's
+/// `struct shmid_ds` has this layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ShmidDs {
+    key: i32,
+    uid: u32,
+    gid: u32,
+    cuid: u32,
+    cgid: u32,
+    mode: u32,
+    seq: u16,
+    pad2: u16,
+    pad3: u32,
+    unused1: u64,
+    unused2: u64,
+    segsz: u64,
+    atime: i64,
+    dtime: i64,
+    ctime: i64,
+    cpid: i32,
+    lpid: i32,
+    nattch: u64,
+    unused4: u64,
+    unused5: u64,
+}
+const _: () = assert!(std::mem::size_of::<ShmidDs>() == 112);
+
+/// `struct shminfo` (`IPC_INFO`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ShmInfoC {
+    shmmax: u64,
+    shmmin: u64,
+    shmmni: u64,
+    shmseg: u64,
+    shmall: u64,
+    unused: [u64; 4],
+}
+
+/// `struct shm_info` (`SHM_INFO`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ShmUsageC {
+    used_ids: i32,
+    shm_tot: u64,
+    shm_rss: u64,
+    shm_swp: u64,
+    swap_attempts: u64,
+    swap_successes: u64,
+}
+
+/// Copies `value` to the caller's `dst` as the kernel's `copy_to_user`
+/// would: a bad address is EFAULT, not a crash (through
+/// `process_vm_writev` on this very process).
+fn copy_out<T: Copy>(dst: *mut c_void, value: &T) -> Result<(), i32> {
+    let n = std::mem::size_of::<T>();
+    let local = libc::iovec {
+        iov_base: value as *const T as *mut c_void,
+        iov_len: n,
+    };
+    let remote = libc::iovec {
+        iov_base: dst,
+        iov_len: n,
+    };
+    // SAFETY: both iovecs describe memory of this process; the kernel
+    // checks the remote one.
+    let got = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if got == n as isize {
+        Ok(())
+    } else {
+        Err(libc::EFAULT)
+    }
+}
+
+/// `copy_from_user` likewise.
+fn copy_in<T: Copy + Default>(src: *const c_void) -> Result<T, i32> {
+    let mut v = T::default();
+    let n = std::mem::size_of::<T>();
+    let local = libc::iovec {
+        iov_base: &mut v as *mut T as *mut c_void,
+        iov_len: n,
+    };
+    let remote = libc::iovec {
+        iov_base: src as *mut c_void,
+        iov_len: n,
+    };
+    // SAFETY: as in copy_out.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if got == n as isize {
+        Ok(v)
+    } else {
+        Err(libc::EFAULT)
+    }
+}
+
+/// `shmctl(2)` on the DSM: every command of Linux's (`IPC_STAT`,
+/// `IPC_SET`, `IPC_RMID`, `IPC_INFO`, `SHM_INFO`, `SHM_STAT`,
+/// `SHM_STAT_ANY`, `SHM_LOCK`, `SHM_UNLOCK`), checked at the daemon; the
+/// buffer is read before (`IPC_SET`) and written after the check, as the
+/// kernel does, and a bad one is EFAULT.
 ///
 /// # Safety
-/// `buf` is valid for `IPC_STAT` and `IPC_SET`.
+/// `buf` is what `shmctl(2)` takes for `cmd`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mmulab_shmctl(shmid: i32, cmd: i32, buf: *mut libc::shmid_ds) -> i32 {
     let Some(c) = client() else {
         return fail(libc::ENOSYS, -1);
     };
-    if matches!(cmd, IPC_STAT | IPC_SET) && buf.is_null() {
-        return fail(libc::EFAULT, -1);
-    }
-    if !matches!(cmd, IPC_STAT | IPC_SET | IPC_RMID) {
+    if cmd < 0 || shmid < 0 {
         return fail(libc::EINVAL, -1);
     }
+    let buf = buf as *mut c_void;
     let mut m = LocalMsg::new(kind::CTL);
     m.a = shmid as u32 as u64;
-    m.b = cmd as u64;
+    m.b = cmd as u32 as u64;
     if cmd == IPC_SET {
-        // SAFETY: checked non-null; the caller's buffer.
-        m.c = unsafe { (*buf).shm_perm.mode } as u64 & 0o777;
+        let ds: ShmidDs = match copy_in(buf) {
+            Ok(d) => d,
+            Err(e) => return fail(e, -1),
+        };
+        m.c = ds.mode as u64 & 0o777;
+        m.d = ds.uid as u64;
+        m.e = ds.gid as u64;
     }
-    match c.call(m, 0) {
-        Ok((r, _)) => {
-            if cmd == IPC_STAT {
-                // SAFETY: checked non-null; the caller's buffer.
-                unsafe {
-                    let ds: &mut libc::shmid_ds = &mut *buf;
-                    *ds = std::mem::zeroed();
-                    ds.shm_perm.__key = r.a as u32 as i32;
-                    ds.shm_perm.mode = r.c as _;
-                    ds.shm_perm.uid = libc::geteuid();
-                    ds.shm_perm.gid = libc::getegid();
-                    ds.shm_perm.cuid = libc::geteuid();
-                    ds.shm_perm.cgid = libc::getegid();
-                    ds.shm_segsz = r.b as _;
-                    ds.shm_nattch = r.d as _;
-                }
-            }
-            0
+    let r = match c.call(m, 0) {
+        Ok((r, _)) => r,
+        Err(e) => return fail(e, -1),
+    };
+    let w = r.words();
+    let written = match cmd {
+        IPC_STAT | SHM_STAT | SHM_STAT_ANY => {
+            let ds = ShmidDs {
+                key: w[0] as u32 as i32,
+                uid: w[1] as u32,
+                gid: w[2] as u32,
+                cuid: w[3] as u32,
+                cgid: w[4] as u32,
+                mode: w[5] as u32,
+                seq: w[6] as u16,
+                segsz: w[7],
+                atime: w[8] as i64,
+                dtime: w[9] as i64,
+                ctime: w[10] as i64,
+                cpid: w[11] as u32 as i32,
+                lpid: w[12] as u32 as i32,
+                nattch: w[13],
+                ..ShmidDs::default()
+            };
+            copy_out(buf, &ds)
         }
+        IPC_INFO => copy_out(
+            buf,
+            &ShmInfoC {
+                shmmax: w[0],
+                shmmin: w[1],
+                shmmni: w[2],
+                shmseg: w[3],
+                shmall: w[4],
+                unused: [0; 4],
+            },
+        ),
+        SHM_INFO => copy_out(
+            buf,
+            &ShmUsageC {
+                used_ids: w[0] as i32,
+                shm_tot: w[1],
+                shm_rss: w[2],
+                ..ShmUsageC::default()
+            },
+        ),
+        _ => Ok(()),
+    };
+    match written {
+        Ok(()) => r.a as u32 as i32,
         Err(e) => fail(e, -1),
     }
+}
+
+/// `remap_file_pages(2)` on a DSM mapping: the kernel's checks, then what
+/// its unmap-then-map does to a System V segment. The mapping stays the
+/// DSM's (no call ever maps the segment's memory around the protocol):
+/// a linear remap is a success that changes nothing, unless it covers the
+/// last attach of a removed segment, whose unmap destroys it: then the
+/// mapping is gone and the call fails with EINVAL, as on Linux. A
+/// non-linear one fails with EINVAL (documented: DSM mappings stay
+/// linear). `None`: not a DSM mapping.
+fn remap_dsm(start: usize, size: usize, prot: i32, pgoff: usize) -> Option<Result<(), i32>> {
+    let c = client_if_connected()?;
+    let ps = page_size();
+    let (process, map) = {
+        let maps = c.maps.lock().expect("maps");
+        maps.iter()
+            .find(|(_, m)| start >= m.base && start < m.base + m.len)
+            .map(|(&p, &m)| (p, m))?
+    };
+    if prot != 0 {
+        return Some(Err(libc::EINVAL));
+    }
+    let start = start & !(ps - 1);
+    let size = size & !(ps - 1);
+    let end = start.checked_add(size).filter(|&e| e > start);
+    let Some(end) = end else {
+        return Some(Err(libc::EINVAL));
+    };
+    if pgoff.checked_add(size / ps).is_none() || end > map.base + map.len {
+        return Some(Err(libc::EINVAL));
+    }
+    if pgoff != (start - map.base) / ps {
+        return Some(Err(libc::EINVAL));
+    }
+    let mut m = LocalMsg::new(kind::REMAP);
+    m.a = process as u64;
+    m.b = (start == map.base && end == map.base + map.len) as u64;
+    Some(match c.call(m, 0) {
+        Err(e) => Err(e),
+        Ok((r, _)) if r.c == 1 => {
+            // Detached by the daemon: the range is unmapped, as the
+            // kernel's failed remap leaves it.
+            c.maps.lock().expect("maps").remove(&process);
+            unregister(map.slot);
+            // SAFETY: our own attach mapping, given up.
+            unsafe { libc::munmap(map.base as *mut c_void, map.len) };
+            Err(libc::EINVAL)
+        }
+        Ok(_) => Ok(()),
+    })
+}
+
+/// The connection, if this process made one (a DSM mapping needs one).
+fn client_if_connected() -> Option<&'static Client> {
+    let p = CURRENT.load(Ordering::Acquire);
+    // SAFETY: clients are leaked, never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// Sets Δ (in the cluster's ticks) for every page of a segment created on
@@ -1191,9 +1491,258 @@ pub unsafe extern "C" fn mmulab_set_delta(shmid: i32, ticks: u32) -> i32 {
 // ---------------------------------------------------------------------------
 // LD_PRELOAD: the System V calls themselves.
 
-fn dsm_enabled() -> bool {
-    std::env::var_os(proto::SOCKET_ENV).is_some()
+/// The daemon's socket, as `MMULAB_DSM_SOCKET` named it when this library
+/// was loaded (a program that clears its environment stays on the DSM).
+fn socket_path() -> Option<&'static std::ffi::OsStr> {
+    static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| std::env::var_os(proto::SOCKET_ENV))
+        .as_deref()
 }
+
+fn dsm_enabled() -> bool {
+    socket_path().is_some()
+}
+
+/// `remap_file_pages(2)`: on a DSM mapping, [`remap_dsm`]; elsewhere the
+/// kernel's.
+///
+/// # Safety
+/// As `remap_file_pages(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remap_file_pages(
+    addr: *mut c_void,
+    size: libc::size_t,
+    prot: i32,
+    pgoff: libc::size_t,
+    flags: i32,
+) -> i32 {
+    if dsm_enabled()
+        && let Some(r) = remap_dsm(addr as usize, size, prot, pgoff)
+    {
+        return match r {
+            Ok(()) => 0,
+            Err(e) => fail(e, -1),
+        };
+    }
+    let r = trap::passthrough_remap(addr as usize, size, prot as usize, pgoff, flags as usize);
+    if r < 0 { fail(-r as i32, -1) } else { r as i32 }
+}
+
+/// Raw `shmget`/`shmat`/`shmdt`/`shmctl` (and `remap_file_pages`) system
+/// calls: a seccomp filter, installed when this library loads under the
+/// DSM, traps them (`SECCOMP_RET_TRAP`), and the SIGSYS handler gives
+/// them to the functions above, so `syscall(__NR_shmctl, …)` never hands
+/// a DSM id to the kernel. The library's own `remap_file_pages` of a
+/// mapping that is not the DSM's passes the filter with a cookie in the
+/// sixth argument, which the kernel ignores. Without root the filter
+/// needs `no_new_privs` (set here): an `exec` of a set-user-ID program
+/// then gains no privilege. `MMULAB_DSM_SECCOMP=off` installs nothing.
+mod trap {
+    use super::*;
+
+    const NR_SHMGET: i64 = 29;
+    const NR_SHMAT: i64 = 30;
+    const NR_SHMCTL: i64 = 31;
+    const NR_SHMDT: i64 = 67;
+    const NR_REMAP_FILE_PAGES: i64 = 216;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    /// The sixth argument that lets this library's own
+    /// `remap_file_pages` through.
+    const COOKIE: u64 = 0x6d6d_756c_6162_7273;
+
+    /// Set once the filter is in place.
+    pub static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+    /// The kernel's `remap_file_pages`, past the filter.
+    pub fn passthrough_remap(
+        addr: usize,
+        size: usize,
+        prot: usize,
+        pgoff: usize,
+        flags: usize,
+    ) -> isize {
+        // SAFETY: a raw system call; the kernel checks every argument.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_remap_file_pages,
+                addr,
+                size,
+                prot,
+                pgoff,
+                flags,
+                COOKIE,
+            )
+        };
+        if r < 0 {
+            -(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL) as isize)
+        } else {
+            r as isize
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub fn install() {
+        if std::env::var("MMULAB_DSM_SECCOMP").is_ok_and(|v| v == "off" || v == "0") {
+            return;
+        }
+        // SAFETY: installs a handler, then a filter; both plain syscalls.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigsys as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
+                return;
+            }
+            let lo = COOKIE as u32;
+            let hi = (COOKIE >> 32) as u32;
+            // seccomp_data: nr at 0, arch at 4, ip at 8, args at 16 (8 each).
+            let arg5 = 16 + 5 * 8;
+            let ld = |off: u32| libc::sock_filter {
+                code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+                jt: 0,
+                jf: 0,
+                k: off,
+            };
+            let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+                code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+                jt,
+                jf,
+                k,
+            };
+            let ret = |k: u32| libc::sock_filter {
+                code: (libc::BPF_RET | libc::BPF_K) as u16,
+                jt: 0,
+                jf: 0,
+                k,
+            };
+            let prog = [
+                /* 0 */ ld(4),
+                /* 1 */ jeq(AUDIT_ARCH_X86_64, 0, 8), // other ABI: allow
+                /* 2 */ ld(0),
+                /* 3 */ jeq(NR_SHMGET as u32, 11, 0),
+                /* 4 */ jeq(NR_SHMAT as u32, 10, 0),
+                /* 5 */ jeq(NR_SHMCTL as u32, 9, 0),
+                /* 6 */ jeq(NR_SHMDT as u32, 8, 0),
+                /* 7 */ jeq(NR_REMAP_FILE_PAGES as u32, 2, 0),
+                /* 8 */ jeq(u32::MAX, 0, 0), // no-op, keeps offsets readable
+                /* 9 */ ret(libc::SECCOMP_RET_ALLOW),
+                /* 10 */ ld(arg5),
+                /* 11 */ jeq(lo, 0, 3),
+                /* 12 */ ld(arg5 + 4),
+                /* 13 */ jeq(hi, 0, 1),
+                /* 14 */ ret(libc::SECCOMP_RET_ALLOW),
+                /* 15 */ ret(libc::SECCOMP_RET_TRAP),
+            ];
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_ptr() as *mut _,
+            };
+            if libc::geteuid() != 0 {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+            }
+            let rc = libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_TSYNC,
+                &fprog as *const libc::sock_fprog,
+            );
+            if rc == 0 {
+                INSTALLED.store(true, Ordering::Release);
+            } else {
+                eprintln!(
+                    "mmulab dsm: raw shm system calls are not caught (seccomp: {}); they reach the kernel's own segments",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn install() {}
+
+    /// A trapped system call: its number in RAX (rolled back by the
+    /// kernel), its arguments in RDI, RSI, RDX, R10, R8; the result goes
+    /// back in RAX, as the kernel would return it (-errno on failure).
+    #[cfg(target_arch = "x86_64")]
+    extern "C" fn on_sigsys(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut c_void) {
+        // SAFETY: SA_SIGINFO gives the kernel's ucontext.
+        let uc = unsafe { &mut *(ctx as *mut libc::ucontext_t) };
+        let g = &mut uc.uc_mcontext.gregs;
+        let (nr, a0, a1, a2, a3, a4) = (
+            g[libc::REG_RAX as usize],
+            g[libc::REG_RDI as usize],
+            g[libc::REG_RSI as usize],
+            g[libc::REG_RDX as usize],
+            g[libc::REG_R10 as usize],
+            g[libc::REG_R8 as usize],
+        );
+        // SAFETY: the thread's errno, saved around the calls below.
+        let saved = unsafe { *libc::__errno_location() };
+        set_errno(0);
+        let err = || {
+            -(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOSYS) as i64)
+        };
+        // SAFETY: the program's own arguments, as it would have passed
+        // them to the kernel; each function checks them as the kernel does.
+        let ret: i64 = unsafe {
+            match nr {
+                NR_SHMGET => {
+                    let r = mmulab_shmget(a0 as libc::key_t, a1 as usize, a2 as i32);
+                    if r < 0 { err() } else { r as i64 }
+                }
+                NR_SHMAT => {
+                    let r = mmulab_shmat(a0 as i32, a1 as *const c_void, a2 as i32);
+                    if r as usize == usize::MAX {
+                        err()
+                    } else {
+                        r as i64
+                    }
+                }
+                NR_SHMCTL => {
+                    let r = mmulab_shmctl(a0 as i32, a1 as i32, a2 as *mut libc::shmid_ds);
+                    if r < 0 { err() } else { r as i64 }
+                }
+                NR_SHMDT => {
+                    if mmulab_shmdt(a0 as *const c_void) < 0 {
+                        err()
+                    } else {
+                        0
+                    }
+                }
+                NR_REMAP_FILE_PAGES => {
+                    let r = remap_file_pages(
+                        a0 as *mut c_void,
+                        a1 as usize,
+                        a2 as i32,
+                        a3 as usize,
+                        a4 as i32,
+                    );
+                    if r < 0 { err() } else { 0 }
+                }
+                _ => -(libc::ENOSYS as i64),
+            }
+        };
+        set_errno(saved);
+        g[libc::REG_RAX as usize] = ret;
+    }
+}
+
+/// Runs when the library is loaded: under the DSM, the filter for raw
+/// system calls goes in before the program's first instruction.
+extern "C" fn on_load() {
+    if dsm_enabled() {
+        trap::install();
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;
 
 /// The C library's own function (the next definition after ours).
 fn next(name: &std::ffi::CStr) -> *mut c_void {

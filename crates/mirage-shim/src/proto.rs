@@ -12,6 +12,9 @@
 pub mod kind {
     // Program → daemon.
     /// `a` = key (as i32), `b` = size, `c` = shmflg → `REPLY` `a` = shmid.
+    ///
+    /// Every request names its calling thread in `tid`: the daemon checks
+    /// it against that thread's credentials (the kernel gives the pid).
     pub const GET: u32 = 1;
     /// `a` = shmid, `b` = shmflg, `c` = a [`mode`] value → `ATTACH_OK`
     /// (+ memfd; then, on the mprotect path, `PROTECT`s) or `REPLY` error.
@@ -20,8 +23,10 @@ pub mod kind {
     pub const ATTACH: u32 = 2;
     /// `a` = the attach's process number → `REPLY`.
     pub const DETACH: u32 = 3;
-    /// `a` = shmid, `b` = cmd (`IPC_STAT`/`IPC_SET`/`IPC_RMID`), `c` = mode
-    /// → `REPLY` (`IPC_STAT`: `a` = key, `b` = size, `c` = mode, `d` = nattch).
+    /// `a` = shmid, `b` = cmd (any `shmctl` command), for `IPC_SET` `c` =
+    /// mode, `d` = uid, `e` = gid → `REPLY` `a` = the call's return value,
+    /// and what it fills in as words of `text` ([`LocalMsg::words`]):
+    /// [`STAT_WORDS`], [`INFO_WORDS`] or [`USAGE_WORDS`] by command.
     pub const CTL: u32 = 4;
     /// `a` = shmid, `b` = Δ in ticks → `REPLY`.
     pub const SET_DELTA: u32 = 5;
@@ -46,6 +51,14 @@ pub mod kind {
     /// inaccessible instead; the daemon then drives it with `PROTECT`s.
     /// → `REPLY` (with the `id` of the request being completed).
     pub const REGISTER: u32 = 10;
+    /// A fork's child, first thing on the connection it inherited: the
+    /// daemon learns its pid (from the kernel's credentials). No answer.
+    pub const IDENT: u32 = 11;
+    /// `remap_file_pages` on attach `a`'s mapping; `b` = 1 when it covers
+    /// the whole mapping → `REPLY` `c` = 1 when the kernel's unmap-then-map
+    /// would have destroyed a removed segment: the daemon detached the
+    /// attach, and the program unmaps it and fails the call (EINVAL).
+    pub const REMAP: u32 = 12;
     // Daemon → program.
     pub const REPLY: u32 = 100;
     /// `id` = the request, `a` = process, `b` = length, `c` = read-only.
@@ -100,6 +113,19 @@ pub const ACCESS_UNKNOWN: u64 = 2;
 
 /// Bytes of text a record carries (`WAKE`'s reason).
 pub const TEXT_BYTES: usize = 112;
+/// Words a record carries in its text (`CTL`'s answers).
+pub const WORDS: usize = TEXT_BYTES / 8;
+
+/// `IPC_STAT`, `SHM_STAT`, `SHM_STAT_ANY`: `shmid_ds`'s fields, in this
+/// order, as words.
+pub const STAT_WORDS: [&str; 14] = [
+    "key", "uid", "gid", "cuid", "cgid", "mode", "seq", "segsz", "atime", "dtime", "ctime", "cpid",
+    "lpid", "nattch",
+];
+/// `IPC_INFO`: `shminfo`'s fields.
+pub const INFO_WORDS: [&str; 5] = ["shmmax", "shmmin", "shmmni", "shmseg", "shmall"];
+/// `SHM_INFO`: `shm_info`'s fields.
+pub const USAGE_WORDS: [&str; 3] = ["used_ids", "shm_tot", "shm_rss"];
 
 /// One record. Every field is plain data of fixed size.
 #[repr(C)]
@@ -114,6 +140,10 @@ pub struct LocalMsg {
     pub c: u64,
     pub d: u64,
     pub text: [u8; TEXT_BYTES],
+    pub e: u64,
+    /// The calling thread (requests); 0 elsewhere.
+    pub tid: u32,
+    pub pad: u32,
 }
 
 pub const MSG_BYTES: usize = std::mem::size_of::<LocalMsg>();
@@ -131,12 +161,32 @@ impl LocalMsg {
             c: 0,
             d: 0,
             text: [0; TEXT_BYTES],
+            e: 0,
+            tid: 0,
+            pad: 0,
         }
+    }
+
+    /// Stores words in `text` (at most [`WORDS`]).
+    pub fn set_words(&mut self, w: &[u64]) {
+        assert!(w.len() <= WORDS, "{} words do not fit a record", w.len());
+        self.text = [0; TEXT_BYTES];
+        for (i, v) in w.iter().enumerate() {
+            self.text[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    pub fn words(&self) -> [u64; WORDS] {
+        let mut w = [0u64; WORDS];
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = u64::from_le_bytes(self.text[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        }
+        w
     }
 
     pub fn as_bytes(&self) -> &[u8; MSG_BYTES] {
         // SAFETY: LocalMsg is repr(C) plain data without padding
-        // (u32, i32, then u64s and bytes).
+        // (u32, i32, u64s, 112 bytes, a u64, two u32s).
         unsafe { &*(self as *const LocalMsg as *const [u8; MSG_BYTES]) }
     }
 
@@ -180,3 +230,8 @@ pub const SOCKET_ENV: &str = "MMULAB_DSM_SOCKET";
 pub const FAULT_PATH_ENV: &str = "MMULAB_DSM_FAULT_PATH";
 /// Set: the shim reports its fault path on stderr once.
 pub const VERBOSE_ENV: &str = "MMULAB_DSM_VERBOSE";
+
+const _: () = assert!(
+    MSG_BYTES == 4 + 4 + 5 * 8 + TEXT_BYTES + 8 + 4 + 4,
+    "no padding"
+);

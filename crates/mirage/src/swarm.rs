@@ -55,6 +55,8 @@ impl SwarmParams {
                 honour_within_ns: honour,
                 dynamic_delta: dynamic,
                 mutation,
+                // fleisch89's rule, as the simulator keeps it.
+                lifetime: crate::core::Lifetime::LastDetach,
             },
             pair_delay_ns,
         }
@@ -635,6 +637,7 @@ fn segment_mut(m: &mut Msg) -> &mut SegmentId {
         | Msg::AttachOk { segment, .. }
         | Msg::Detach { segment }
         | Msg::DetachOk { segment }
-        | Msg::Destroyed { segment } => segment,
+        | Msg::Destroyed { segment }
+        | Msg::Remove { segment } => segment,
     }
 }

@@ -81,11 +81,15 @@ pub enum DirMsg {
         req: u64,
         key: i32,
         segment: Option<SegmentId>,
+        /// How the segment was created (owner, mode, size), for a site
+        /// that did not create it.
+        origin: Option<SegmentOrigin>,
     },
     Register {
         req: u64,
         key: i32,
         segment: SegmentId,
+        origin: SegmentOrigin,
     },
     /// The segment the key names now (the caller's, or an earlier one).
     Registered {
@@ -97,6 +101,17 @@ pub enum DirMsg {
     Remove {
         key: i32,
     },
+}
+
+/// What a key's segment was created with: the creator's effective uid and
+/// gid, the mode bits and the size in bytes. The key directory hands it
+/// to the other sites, whose shmid tables start from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentOrigin {
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub size: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -164,15 +164,31 @@ fn ping_pong_threads_on_two_sites_see_every_version_in_order() {
     b.stop();
 }
 
-#[test]
-fn system_v_semantics_of_get_attach_and_control() {
-    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+/// Polls `f` until it holds (bounded): a destruction reaches a site as a
+/// message.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The calls every semantics shares: create/exclusive, ENOENT, a key
+/// reached from the other site, IPC_STAT, IPC_SET, EACCES, IPC_RMID
+/// (the key goes at once, attached memory stays), a given address.
+fn get_attach_and_control_common(
+    a: &mmulab_mirage::runtime::shm::Dsm,
+    b: &mmulab_mirage::runtime::shm::Dsm,
+) -> (i32, i32, *mut u32, *const u32) {
     assert_eq!(b.shmget(9, page(), 0o600), Err(ShmError::NotFound));
     let id = a.shmget(9, page(), IPC_CREAT | IPC_EXCL | 0o600).unwrap();
     assert_eq!(
         b.shmget(9, page(), IPC_CREAT | IPC_EXCL | 0o600),
         Err(ShmError::Exists)
     );
+    // A larger size than the segment's is EINVAL, as on Linux.
+    assert_eq!(b.shmget(9, 2 * page(), 0o600), Err(ShmError::Invalid));
     let idb = b.shmget(9, page(), IPC_CREAT | 0o600).unwrap();
     let w = a.shmat(id, None, 0).unwrap() as *mut u32;
     let r = b.shmat(idb, None, SHM_RDONLY).unwrap() as *const u32;
@@ -182,21 +198,39 @@ fn system_v_semantics_of_get_attach_and_control() {
         assert_eq!(std::ptr::read_volatile(r), 0xfeed);
     }
     let st = b.shmctl(idb, ShmCtl::Stat).unwrap().unwrap();
-    assert_eq!((st.key, st.nattch), (9, 1));
+    assert_eq!((st.key, st.nattch, st.mode), (9, 1, 0o600));
+    // The owner came from the creating site, through the key directory.
+    let me = unsafe { nix::libc::geteuid() };
+    assert_eq!((st.uid, st.cuid), (me, me));
     b.shmctl(idb, ShmCtl::Set { mode: 0o400 }).unwrap();
-    assert_eq!(b.shmat(idb, None, 0), Err(ShmError::Access));
-    // IPC_RMID: the key disappears at once; attached memory stays usable.
-    a.shmctl(id, ShmCtl::Rmid).unwrap();
-    assert_eq!(a.shmat(id, None, 0), Err(ShmError::Removed));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while b.shmget(9, page(), 0o600) != Err(ShmError::NotFound) {
-        assert!(Instant::now() < deadline, "the key outlived IPC_RMID");
-        std::thread::sleep(Duration::from_millis(5));
+    // As the kernel checks it: CAP_IPC_OWNER (root's) overrides the mode.
+    use mmulab_mirage::runtime::creds::{CAP_IPC_OWNER, Caller};
+    if Caller::this_thread().capable(CAP_IPC_OWNER) {
+        let p = b.shmat(idb, None, 0).unwrap();
+        b.shmdt(p).unwrap();
+    } else {
+        assert_eq!(b.shmat(idb, None, 0), Err(ShmError::Access));
     }
+    // IPC_RMID: the key disappears at once; attached memory stays usable,
+    // and the id may still be attached (Linux allows it).
+    a.shmctl(id, ShmCtl::Rmid).unwrap();
+    let st = a.shmctl(id, ShmCtl::Stat).unwrap().unwrap();
+    assert_eq!((st.key, st.mode & 0o1000), (0, 0o1000), "SHM_DEST");
+    let again = a.shmat(id, None, 0).unwrap();
+    a.shmdt(again).unwrap();
+    eventually("the key outlived IPC_RMID", || {
+        b.shmget(9, page(), 0o600) == Err(ShmError::NotFound)
+    });
     // SAFETY: still attached.
     unsafe { assert_eq!(std::ptr::read_volatile(r), 0xfeed) };
-    // A given address is honoured (a second attach keeps the segment
-    // alive: Mirage destroys a segment at its last detach, §2.2).
+    (id, idb, w, r)
+}
+
+#[test]
+fn system_v_semantics_of_get_attach_and_control() {
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let (id, idb, w, r) = get_attach_and_control_common(&a, &b);
+    // A given address is honoured.
     let priv_id = b.shmget(0, page(), 0o600).unwrap();
     let keep = b.shmat(priv_id, None, 0).unwrap();
     let free = b.shmat(priv_id, None, 0).unwrap();
@@ -207,13 +241,60 @@ fn system_v_semantics_of_get_attach_and_control() {
         b.shmat(priv_id, Some(keep as usize), 0),
         Err(ShmError::Invalid)
     );
+    // SAFETY: a live attach mapping.
+    unsafe { std::ptr::write_volatile(at as *mut u32, 77) };
     b.shmdt(at).unwrap();
     b.shmdt(keep).unwrap();
-    // The last detach destroyed it.
-    assert_eq!(b.shmat(priv_id, None, 0), Err(ShmError::Removed));
+    // System V: the last detach of a segment not removed keeps it, data
+    // and all.
+    let back = b.shmat(priv_id, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    unsafe { assert_eq!(std::ptr::read_volatile(back as *const u32), 77) };
+    b.shmdt(back).unwrap();
+    b.shmctl(priv_id, ShmCtl::Rmid).unwrap();
+    // Removed with no attach: its id is gone at once.
+    assert_eq!(b.shmat(priv_id, None, 0), Err(ShmError::Invalid));
+    assert_eq!(b.shmctl(priv_id, ShmCtl::Stat), Err(ShmError::Invalid));
+    // The removed key's segment dies with its last detach, on any site:
+    // then b's id for it is gone too.
     a.shmdt(w as *mut u8).unwrap();
+    assert_eq!(a.shmctl(id, ShmCtl::Stat), Err(ShmError::Invalid));
+    assert!(
+        b.shmctl(idb, ShmCtl::Stat).is_ok(),
+        "b still has it attached"
+    );
     b.shmdt(r as *mut u8).unwrap();
     assert_eq!(b.shmdt(r as *mut u8), Err(ShmError::Invalid));
+    eventually("b's id outlived the segment", || {
+        b.shmctl(idb, ShmCtl::Stat) == Err(ShmError::Invalid)
+    });
+    a.stop();
+    b.stop();
+}
+
+/// fleisch89 §2.2 (`semantics = "mirage"`): the last detach, on any
+/// site, destroys a segment, removed or not; its id is gone then (EINVAL,
+/// or EIDRM while the destruction is on its way).
+#[test]
+fn mirage_semantics_destroy_a_segment_at_its_last_detach() {
+    use mmulab_mirage::runtime::bench::two_sites_with;
+    use mmulab_mirage::runtime::config::Semantics;
+    let (a, b) = two_sites_with(NodeOptions::default(), Semantics::Mirage).unwrap();
+    let (_, idb, w, r) = get_attach_and_control_common(&a, &b);
+    let priv_id = b.shmget(0, page(), 0o600).unwrap();
+    let keep = b.shmat(priv_id, None, 0).unwrap();
+    b.shmdt(keep).unwrap();
+    eventually("the last detach did not destroy it", || {
+        matches!(
+            b.shmat(priv_id, None, 0),
+            Err(ShmError::Invalid | ShmError::Removed)
+        )
+    });
+    a.shmdt(w as *mut u8).unwrap();
+    b.shmdt(r as *mut u8).unwrap();
+    eventually("b's id outlived the segment", || {
+        b.shmctl(idb, ShmCtl::Stat) == Err(ShmError::Invalid)
+    });
     a.stop();
     b.stop();
 }
@@ -260,10 +341,10 @@ fn a_recorded_trace_replays_through_the_core_alone() {
     }
     a.shmdt(pa as *mut u8).unwrap();
     b.shmdt(pb as *mut u8).unwrap();
-    let tick_ns = a.node().config().tick_ns;
+    let core = a.node().config().core_config();
     for (site, d) in [(SiteId(0), &a), (SiteId(1), &b)] {
         let trace = d.node().take_trace();
-        let events = replay(site, 2, tick_ns, &trace).expect("replay matches");
+        let events = replay(site, 2, core.clone(), &trace).expect("replay matches");
         assert!(events > 20, "{site:?}: only {events} events");
     }
 }

@@ -78,6 +78,8 @@ pub(crate) struct LibrarySegment {
     pub(crate) log: Vec<LogEntry>,
     /// Sites declared dead while the segment existed.
     dead: BTreeSet<SiteId>,
+    /// `IPC_RMID` reached the library (see [`Lifetime`]).
+    removed: bool,
 }
 
 impl LibrarySegment {
@@ -165,6 +167,7 @@ impl Site {
             next_op: 1,
             log: Vec::new(),
             dead: BTreeSet::new(),
+            removed: false,
         };
         self.libraries.insert(segment, lib);
         self.actions.push(Action::Created { segment, process });
@@ -519,16 +522,38 @@ impl Site {
         self.lib_maybe_destroy(segment);
     }
 
+    /// A site removed the segment (`IPC_RMID`). A segment already
+    /// destroyed is no error: a removal may cross the last detach.
+    pub(crate) fn lib_remove(&mut self, segment: SegmentId) -> Result<(), String> {
+        if segment.library != self.id {
+            return Err(format!(
+                "segment {}.{} has its library at site {}, not here",
+                segment.library.0, segment.serial, segment.library.0
+            ));
+        }
+        if let Some(lib) = self.libraries.get_mut(&segment) {
+            lib.removed = true;
+            self.lib_maybe_destroy(segment);
+        }
+        Ok(())
+    }
+
     fn lib_maybe_destroy(&mut self, segment: SegmentId) {
         let Some(lib) = self.libraries.get(&segment) else {
             return;
         };
-        if lib.attached_sites.is_empty() && lib.releasing.is_empty() {
+        let unused = lib.attached_sites.is_empty() && lib.releasing.is_empty();
+        let dies = match self.config.lifetime {
+            Lifetime::LastDetach => unused,
+            Lifetime::RemovedAndDetached => unused && lib.removed,
+        };
+        if dies {
             self.lib_destroy(segment);
         }
     }
 
-    /// The last detach destroys the segment (§2.2); every site is told.
+    /// The last detach destroys the segment (§2.2), or under System V's
+    /// rule the last detach of a removed one; every site is told.
     fn lib_destroy(&mut self, segment: SegmentId) {
         let lib = self.libraries.remove(&segment).expect("library");
         debug_assert!(

@@ -149,6 +149,7 @@ impl Site {
                 ticks,
             } => self.set_window(segment, page, ticks),
             Event::SiteDead { site } => self.site_dead(site),
+            Event::Remove { segment } => self.send(segment.library, Msg::Remove { segment }),
         }
         // A colocated library and holder talk through the local queue, so
         // that the protocol is written once whatever the placement.
@@ -209,6 +210,7 @@ impl Site {
             } => self.lib_checked_in(from, segment, page, op, bytes),
             Msg::Attach { segment } => self.lib_attach(from, segment),
             Msg::Detach { segment } => self.lib_detach(from, segment),
+            Msg::Remove { segment } => self.lib_remove(segment),
             other => self.holder_receive(from, other),
         }
     }

@@ -462,6 +462,89 @@ fn the_last_detach_destroys_the_segment_and_every_site_is_told() {
     assert!(net.sites[0].libraries.is_empty());
 }
 
+fn destroyed_at(net: &Net, s: u16) -> bool {
+    net.actions
+        .iter()
+        .any(|(site, a)| *site == SiteId(s) && matches!(a, Action::Destroyed { .. }))
+}
+
+fn detach_all(net: &mut Net, sites: &[u16]) {
+    for &s in sites {
+        net.ev(
+            s,
+            Event::Detach {
+                segment: net.seg,
+                process: pid(s),
+            },
+        );
+        net.settle();
+    }
+}
+
+fn sysv() -> CoreConfig {
+    CoreConfig {
+        lifetime: Lifetime::RemovedAndDetached,
+        ..cfg()
+    }
+}
+
+#[test]
+fn under_system_v_the_last_detach_keeps_the_segment_and_its_pages_until_removed() {
+    let mut net = Net::new(3, 2, 0, sysv());
+    net.fault(1, 0, Access::Write);
+    net.fault(2, 1, Access::Read);
+    detach_all(&mut net, &[1, 2, 0]);
+    for s in 0..3 {
+        assert!(
+            !destroyed_at(&net, s),
+            "site {s}: destroyed without IPC_RMID"
+        );
+    }
+    assert_eq!(net.sites[0].library_pages(net.seg), Some(2));
+    // Removed by a site that is not the library: every site is told.
+    net.ev(2, Event::Remove { segment: net.seg });
+    net.settle();
+    for s in 0..3 {
+        assert!(destroyed_at(&net, s), "site {s}");
+    }
+    assert!(net.sites[0].libraries.is_empty());
+}
+
+#[test]
+fn under_system_v_a_removed_segment_dies_at_its_last_detach() {
+    let mut net = Net::new(2, 1, 0, sysv());
+    net.fault(1, 0, Access::Write);
+    net.ev(0, Event::Remove { segment: net.seg });
+    net.settle();
+    detach_all(&mut net, &[1]);
+    assert!(
+        !destroyed_at(&net, 0) && !destroyed_at(&net, 1),
+        "site 0 is attached"
+    );
+    detach_all(&mut net, &[0]);
+    assert!(destroyed_at(&net, 0) && destroyed_at(&net, 1));
+    // A removal that crosses the destruction is no peer error.
+    net.ev(1, Event::Remove { segment: net.seg });
+    net.settle();
+    assert!(
+        !net.actions
+            .iter()
+            .any(|(_, a)| matches!(a, Action::PeerError { .. })),
+        "{:?}",
+        net.actions
+    );
+}
+
+#[test]
+fn under_fleischs_rule_a_removal_changes_nothing() {
+    let mut net = Net::new(2, 1, 0, cfg());
+    net.ev(1, Event::Remove { segment: net.seg });
+    net.settle();
+    assert!(!destroyed_at(&net, 0), "still attached on both sites");
+    detach_all(&mut net, &[0, 1]);
+    assert!(destroyed_at(&net, 0) && destroyed_at(&net, 1));
+}
+
 #[test]
 fn the_request_log_skips_faults_on_sites_holding_a_valid_copy() {
     let mut net = Net::new(2, 1, 0, cfg());

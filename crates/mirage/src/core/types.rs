@@ -86,6 +86,20 @@ pub enum DynamicDelta {
     HalveOnRefusal { min_ticks: u32 },
 }
 
+/// When a segment dies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Lifetime {
+    /// fleisch89 §2.2: "the last detach of a segment destroys it", on any
+    /// site, whether or not it was removed. The simulator's reproduction
+    /// keeps this rule.
+    #[default]
+    LastDetach,
+    /// System V as Linux gives it: a segment lives until it was removed
+    /// (`IPC_RMID`, [`Event::Remove`]) *and* no site has it attached; with
+    /// nothing attached it keeps its pages at the library.
+    RemovedAndDetached,
+}
+
 /// Per-site protocol configuration. Every default is written here.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CoreConfig {
@@ -98,6 +112,9 @@ pub struct CoreConfig {
     pub honour_within_ns: Option<u64>,
     pub dynamic_delta: DynamicDelta,
     pub mutation: Mutation,
+    /// When a segment dies: fleisch89's last detach by default.
+    #[serde(default)]
+    pub lifetime: Lifetime,
 }
 
 impl Default for CoreConfig {
@@ -107,6 +124,7 @@ impl Default for CoreConfig {
             honour_within_ns: None,
             dynamic_delta: DynamicDelta::Off,
             mutation: Mutation::None,
+            lifetime: Lifetime::LastDetach,
         }
     }
 }
@@ -274,6 +292,13 @@ pub enum Msg {
     Destroyed {
         segment: SegmentId,
     },
+    /// A site to the library: the segment was removed (`IPC_RMID`); under
+    /// [`Lifetime::RemovedAndDetached`] it dies once no site has it
+    /// attached. Not part of fleisch89 (its segments die at the last
+    /// detach); appended last so that earlier encodings are unchanged.
+    Remove {
+        segment: SegmentId,
+    },
     /// Library to a requester: the page is lost, its only current copy
     /// was at `site`, declared dead (coherence before availability).
     Lost {
@@ -341,6 +366,7 @@ impl Msg {
             Msg::Destroyed { .. } => "destroyed",
             Msg::Lost { .. } => "lost",
             Msg::ClockMoved { .. } => "clock-moved",
+            Msg::Remove { .. } => "remove",
         }
     }
 }
@@ -384,6 +410,12 @@ pub enum Event {
     /// loss). Pages whose only current copy was there are lost at once.
     SiteDead {
         site: SiteId,
+    },
+    /// `IPC_RMID`: the segment dies once no site has it attached (under
+    /// [`Lifetime::RemovedAndDetached`]; under fleisch89's rule the last
+    /// detach destroys it anyway and this changes nothing).
+    Remove {
+        segment: SegmentId,
     },
 }
 

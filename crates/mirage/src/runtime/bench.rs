@@ -304,10 +304,19 @@ pub enum BenchError {
 
 /// Starts two loopback sites in this process (ports chosen by the kernel).
 pub fn two_sites(options: NodeOptions) -> std::io::Result<(Dsm, Dsm)> {
+    two_sites_with(options, super::config::Semantics::default())
+}
+
+/// [`two_sites`] under the given lifetime rule.
+pub fn two_sites_with(
+    options: NodeOptions,
+    semantics: super::config::Semantics,
+) -> std::io::Result<(Dsm, Dsm)> {
     let la = TcpListener::bind("127.0.0.1:0")?;
     let lb = TcpListener::bind("127.0.0.1:0")?;
     let cluster_id = std::process::id() as u64 ^ 0x6d6972616765;
-    let config = ClusterConfig::loopback(cluster_id, &[la.local_addr()?, lb.local_addr()?]);
+    let mut config = ClusterConfig::loopback(cluster_id, &[la.local_addr()?, lb.local_addr()?]);
+    config.semantics = semantics;
     let a = Node::start_with_listener(config.clone(), crate::core::SiteId(0), la, options.clone())?;
     let b = Node::start_with_listener(config, crate::core::SiteId(1), lb, options)?;
     Ok((Dsm::new(a), Dsm::new(b)))

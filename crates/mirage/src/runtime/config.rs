@@ -3,6 +3,9 @@
 //! ```toml
 //! cluster_id = 1          # both sides of a handshake must agree
 //! tick_ns = 1000000       # Δ's tick (default 1 ms); Δ runs on the clock site's clock
+//! semantics = "sysv"      # or "mirage": when a segment dies (default "sysv")
+//! socket_mode = 0o600     # the local socket's mode (default 0600; 0660 with `group`)
+//! group = "dsm"           # optional: the local socket's group (name or gid)
 //! [[site]]
 //! name = "a"
 //! addr = "127.0.0.1:7401"
@@ -18,9 +21,70 @@
 //! A site's id is its index in the list; the first site keeps the key
 //! directory.
 
-use crate::core::SiteId;
+use crate::core::{CoreConfig, Lifetime, SiteId};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+
+/// When a segment dies, and so what `shmget`/`shmctl` see (docs/dsm.md,
+/// "System V as Linux gives it").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Semantics {
+    /// Linux's System V rules: a segment lives until `IPC_RMID` and its
+    /// last detach, on every site.
+    #[default]
+    Sysv,
+    /// fleisch89 §2.2: the last detach, on any site, destroys the segment.
+    Mirage,
+}
+
+impl Semantics {
+    pub fn lifetime(self) -> Lifetime {
+        match self {
+            Semantics::Sysv => Lifetime::RemovedAndDetached,
+            Semantics::Mirage => Lifetime::LastDetach,
+        }
+    }
+}
+
+/// A file mode in `cluster.toml`: an integer (`0o660`, `432`) or an octal
+/// string (`"0660"`, `"660"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ModeText", into = "u32")]
+pub struct FileMode(pub u32);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ModeText {
+    Int(i64),
+    Text(String),
+}
+
+impl TryFrom<ModeText> for FileMode {
+    type Error = String;
+    fn try_from(m: ModeText) -> Result<FileMode, String> {
+        let v = match m {
+            ModeText::Int(i) => i,
+            ModeText::Text(t) => {
+                let d = t.trim().trim_start_matches("0o");
+                i64::from_str_radix(d, 8)
+                    .map_err(|_| format!("socket_mode `{t}` is not an octal mode"))?
+            }
+        };
+        if !(0..=0o777).contains(&v) {
+            return Err(format!(
+                "socket_mode {v:#o} is not a permission mode (0 to 0777)"
+            ));
+        }
+        Ok(FileMode(v as u32))
+    }
+}
+
+impl From<FileMode> for u32 {
+    fn from(m: FileMode) -> u32 {
+        m.0
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +96,17 @@ pub struct ClusterConfig {
     pub sites: Vec<SiteConfig>,
     #[serde(default, rename = "key")]
     pub keys: Vec<KeyConfig>,
+    /// When a segment dies (default: Linux's System V rules).
+    #[serde(default)]
+    pub semantics: Semantics,
+    /// The local socket's mode. Default 0600 (the daemon's own user), or
+    /// 0660 when `group` is set. 0666 lets every local user connect; each
+    /// call is still checked against the segment's owner and mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_mode: Option<FileMode>,
+    /// The local socket's group (a name or a numeric gid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 fn default_tick_ns() -> u64 {
@@ -89,6 +164,44 @@ impl ClusterConfig {
                 })
                 .collect(),
             keys: Vec::new(),
+            semantics: Semantics::default(),
+            socket_mode: None,
+            group: None,
+        }
+    }
+
+    /// The protocol core's configuration for this cluster.
+    pub fn core_config(&self) -> CoreConfig {
+        CoreConfig {
+            tick_ns: self.tick_ns,
+            lifetime: self.semantics.lifetime(),
+            ..CoreConfig::default()
+        }
+    }
+
+    /// The local socket's mode (see [`ClusterConfig::socket_mode`]).
+    pub fn effective_socket_mode(&self) -> u32 {
+        match (self.socket_mode, &self.group) {
+            (Some(m), _) => m.0,
+            (None, Some(_)) => 0o660,
+            (None, None) => 0o600,
+        }
+    }
+
+    /// The local socket's group id, if `group` is set.
+    pub fn socket_gid(&self) -> Result<Option<u32>, ConfigError> {
+        let Some(g) = &self.group else {
+            return Ok(None);
+        };
+        if let Ok(gid) = g.parse::<u32>() {
+            return Ok(Some(gid));
+        }
+        match nix::unistd::Group::from_name(g) {
+            Ok(Some(grp)) => Ok(Some(grp.gid.as_raw())),
+            Ok(None) => Err(ConfigError::Invalid(format!(
+                "group `{g}`: no such group on this machine"
+            ))),
+            Err(e) => Err(ConfigError::Invalid(format!("group `{g}`: {e}"))),
         }
     }
 
@@ -109,6 +222,7 @@ impl ClusterConfig {
                 return Err(ConfigError::Invalid(format!("key {} twice", k.key)));
             }
         }
+        self.socket_gid()?;
         Ok(())
     }
 
@@ -165,5 +279,52 @@ mod tests {
                    [[site]]\nname = \"a\"\naddr = \"127.0.0.1:2\"\n";
         assert!(ClusterConfig::parse(dup).is_err());
         assert!(ClusterConfig::parse("cluster_id = 7\nsitez = 1\n").is_err());
+    }
+
+    const ONE: &str = "cluster_id = 7\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:1\"\n";
+
+    #[test]
+    fn semantics_default_to_system_v_and_mirage_is_fleischs_rule() {
+        let c = ClusterConfig::parse(ONE).unwrap();
+        assert_eq!(c.semantics, Semantics::Sysv);
+        assert_eq!(c.core_config().lifetime, Lifetime::RemovedAndDetached);
+        let m = ClusterConfig::parse(&format!("semantics = \"mirage\"\n{ONE}")).unwrap();
+        assert_eq!(m.core_config().lifetime, Lifetime::LastDetach);
+        let bad = ClusterConfig::parse(&format!("semantics = \"posix\"\n{ONE}"));
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("semantics") || e.contains("posix"), "{e}");
+    }
+
+    #[test]
+    fn socket_mode_defaults_to_0600_or_0660_with_a_group_and_rejects_non_modes() {
+        assert_eq!(
+            ClusterConfig::parse(ONE).unwrap().effective_socket_mode(),
+            0o600
+        );
+        let g = ClusterConfig::parse(&format!("group = \"0\"\n{ONE}")).unwrap();
+        assert_eq!(g.effective_socket_mode(), 0o660);
+        assert_eq!(g.socket_gid().unwrap(), Some(0));
+        for text in [
+            "socket_mode = 0o666",
+            "socket_mode = \"0666\"",
+            "socket_mode = 438",
+        ] {
+            let c = ClusterConfig::parse(&format!("{text}\n{ONE}")).unwrap();
+            assert_eq!(c.effective_socket_mode(), 0o666, "{text}");
+        }
+        for text in [
+            "socket_mode = 0o1777",
+            "socket_mode = \"rw\"",
+            "socket_mode = -1",
+        ] {
+            let e = ClusterConfig::parse(&format!("{text}\n{ONE}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("socket_mode"), "{text}: {e}");
+        }
+        let e = ClusterConfig::parse(&format!("group = \"no-such-group-xyz\"\n{ONE}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("group `no-such-group-xyz`"), "{e}");
     }
 }

@@ -14,9 +14,20 @@
 //!
 //! When a program's connection closes (exit, crash, kill), its attaches are
 //! detached, as System V does at exit.
+//!
+//! Who may connect, and what each may do (issue #23, finding 7; issue
+//! #27): the socket is created with `socket_mode` (default 0600: the
+//! daemon's own user; 0660 with `group`; 0666: every local user) before
+//! it listens, and a peer the mode does not admit (by `SO_PEERCRED`) is
+//! closed at once. Every request is then checked against its caller's
+//! credentials ([`super::creds`]) and the segment's owner, creator and
+//! mode, as the kernel checks it. A file at the socket path that is not a
+//! socket stops the start and is left alone; a socket file no daemon
+//! listens on any more is replaced.
 
+use super::creds::Caller;
 pub use super::local_proto as proto;
-use super::shm::{Dsm, ShmCtl, ShmError};
+use super::shm::{CtlOut, Dsm, SetArgs, ShmError, cmd};
 use nix::libc;
 use proto::{LocalMsg, MAX_MESSAGE_BYTES, MSG_BYTES, kind};
 use rustix::fd::{BorrowedFd, OwnedFd};
@@ -27,7 +38,7 @@ use rustix::net::{
 use std::collections::BTreeSet;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -44,7 +55,14 @@ pub fn default_socket_path(cluster_id: u64, site: &str) -> PathBuf {
 /// A connected program, as the daemon sees it.
 pub struct Client {
     sock: OwnedFd,
-    pub pid: i32,
+    /// The process using the connection: its connector, then whoever
+    /// sent the latest record (a fork's child takes over the connection
+    /// its parent prepared, and says so with `IDENT`).
+    pid: AtomicI32,
+    /// `SO_PEERCRED` of the connector.
+    peer_uid: u32,
+    peer_gid: u32,
+    checks: CallerChecks,
     seq: AtomicU64,
     acks: Mutex<AckState>,
     cv: Condvar,
@@ -64,8 +82,27 @@ struct AckState {
 }
 
 impl Client {
+    pub fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
     pub fn name(&self) -> String {
-        format!("program pid {}", self.pid)
+        format!("program pid {}", self.pid())
+    }
+
+    /// Whether the program closed its end (it exited): the kernel says
+    /// so at once, before this daemon reads the socket's end.
+    pub(crate) fn hung_up(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.sock, PollFlags::RDHUP)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::HUP | PollFlags::RDHUP)
     }
 
     pub(crate) fn gone(&self) -> bool {
@@ -152,9 +189,11 @@ impl Client {
             self.site,
             self.name()
         );
-        if self.pid > 0 {
-            // SAFETY: kill(2) on the peer's pid from SO_PEERCRED.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        let pid = self.pid();
+        if pid > 0 {
+            // SAFETY: kill(2) on the pid the kernel gave with the peer's
+            // latest record (SO_PEERCRED, SCM_CREDENTIALS).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
     }
@@ -182,31 +221,161 @@ impl Client {
 /// The running local socket.
 pub struct LocalServer {
     path: PathBuf,
+    /// The socket file's identity (device, inode): only it is removed at
+    /// the stop.
+    file: (u64, u64),
     listener: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// Who the socket admits: its mode, group and owner.
+#[derive(Clone, Copy, Debug)]
+struct Admission {
+    mode: u32,
+    gid: Option<u32>,
+    owner: u32,
+    checks: CallerChecks,
+}
+
+/// Whose credentials a call is checked against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CallerChecks {
+    /// The calling thread's, at the time of the call (see
+    /// [`super::creds`]).
+    #[default]
+    PerCall,
+    /// A deliberately broken variant, for a negative control only: the
+    /// connector's (`SO_PEERCRED`), as before issue #27 — a process that
+    /// switches users keeps the first one's rights.
+    ConnectorOnly,
+}
+
+impl Admission {
+    /// Whether a peer with these credentials could have opened the socket
+    /// file for writing (connect's check), root aside.
+    fn admits(&self, uid: u32, gid: u32, pid: i32) -> bool {
+        if uid == 0 || uid == self.owner {
+            return uid == 0 || self.mode & 0o200 != 0;
+        }
+        let group = self.gid.is_some_and(|g| {
+            g == gid || Caller::from_proc(pid, pid).is_some_and(|c| c.uid == uid && c.in_group(g))
+        });
+        if group {
+            return self.mode & 0o020 != 0;
+        }
+        self.mode & 0o002 != 0
+    }
+}
+
+/// Why the local socket could not be set up.
+fn path_error(path: &Path, what: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{}: {what}", path.display()),
+    )
+}
+
+/// Clears the way for a new socket at `path`: nothing there, or a socket
+/// file no daemon listens on (left by a crash). Anything else stays.
+fn clear_socket_path(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) => m,
+    };
+    if !meta.file_type().is_socket() {
+        return Err(path_error(
+            path,
+            "exists and is not a socket; the site daemon will not remove it (choose another `socket =` in cluster.toml, or remove it yourself)",
+        ));
+    }
+    let probe = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    match rustix::net::connect(&probe, &SocketAddrUnix::new(path)?) {
+        Ok(()) => Err(path_error(path, "another site daemon listens here")),
+        Err(rustix::io::Errno::CONNREFUSED) => std::fs::remove_file(path),
+        Err(e) => Err(path_error(
+            path,
+            &format!("a socket that cannot be probed ({e}); not removed"),
+        )),
+    }
+}
+
 impl LocalServer {
-    /// Binds `path` (a stale socket file is replaced) and serves programs.
+    /// Binds `path` with the configured mode and group (see the module's
+    /// notes) and serves programs.
     pub fn start(dsm: Arc<Dsm>, path: &Path) -> std::io::Result<LocalServer> {
-        let _ = std::fs::remove_file(path);
+        LocalServer::start_with(dsm, path, CallerChecks::PerCall)
+    }
+
+    /// [`LocalServer::start`] with a choice of credential checks (a
+    /// negative control for the tests).
+    #[doc(hidden)]
+    pub fn start_with(
+        dsm: Arc<Dsm>,
+        path: &Path,
+        checks: CallerChecks,
+    ) -> std::io::Result<LocalServer> {
+        let config = dsm.node().config();
+        let mode = config.effective_socket_mode();
+        let gid = config
+            .socket_gid()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        clear_socket_path(path)?;
         let listener = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
             rustix::net::SocketFlags::CLOEXEC,
             None,
         )?;
+        // Every record carries its sender's pid, which the kernel vouches
+        // for (accepted sockets inherit it).
+        rustix::net::sockopt::set_socket_passcred(&listener, true)?;
         rustix::net::bind(&listener, &SocketAddrUnix::new(path)?)?;
+        // Mode and group are set before `listen`: until then no one can
+        // connect, whatever the umask made of the file.
+        let set_up = (|| -> std::io::Result<(u64, u64)> {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            if let Some(g) = gid {
+                std::os::unix::fs::chown(path, None, Some(g))?;
+            }
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+            let m = std::fs::symlink_metadata(path)?;
+            Ok((m.dev(), m.ino()))
+        })();
+        let file = match set_up {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: mode {mode:o}, group {gid:?}: {e}", path.display()),
+                ));
+            }
+        };
         rustix::net::listen(&listener, 64)?;
         let listener = Arc::new(listener);
         let stop = Arc::new(AtomicBool::new(false));
         let (l, s) = (listener.clone(), stop.clone());
+        let admission = Admission {
+            mode,
+            gid,
+            // SAFETY: no preconditions.
+            owner: unsafe { libc::geteuid() },
+            checks,
+        };
         let thread = std::thread::Builder::new()
             .name("dsm-local".into())
-            .spawn(move || accept_loop(dsm, l, s))?;
+            .spawn(move || accept_loop(dsm, l, s, admission))?;
         Ok(LocalServer {
             path: path.to_path_buf(),
+            file,
             listener,
             stop,
             thread: Some(thread),
@@ -228,7 +397,11 @@ impl LocalServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Our socket file only: whatever replaced it stays.
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -238,15 +411,32 @@ impl Drop for LocalServer {
     }
 }
 
-fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>) {
+fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>, admission: Admission) {
+    let site = dsm.node().config().name(dsm.node().site()).to_string();
+    let mut refused = 0u64;
     while !stop.load(Ordering::SeqCst) {
         let sock = match rustix::net::accept_with(&*listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(s) => s,
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => break,
         };
-        let pid = rustix::net::sockopt::socket_peercred(&sock)
-            .map_or(0, |c| c.pid.as_raw_nonzero().get());
+        let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
+            continue;
+        };
+        let pid = cred.pid.as_raw_nonzero().get();
+        let (uid, gid) = (cred.uid.as_raw(), cred.gid.as_raw());
+        if !admission.admits(uid, gid, pid) {
+            // The file's mode should have kept it out (a chmod since, or
+            // a descriptor passed on): closed at once, nothing served.
+            refused += 1;
+            if refused <= 10 || refused.is_power_of_two() {
+                eprintln!(
+                    "mmulab dsm site {site}: local socket: refused pid {pid} (uid {uid}, gid {gid}): socket_mode {:o} does not admit it ({refused} refused so far)",
+                    admission.mode
+                );
+            }
+            continue;
+        }
         // A program that stops reading cannot stall the daemon forever.
         let _ = rustix::net::sockopt::set_socket_timeout(
             &sock,
@@ -256,7 +446,10 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>) {
         let options = dsm.node().options();
         let client = Arc::new(Client {
             sock,
-            pid,
+            pid: AtomicI32::new(pid),
+            peer_uid: uid,
+            peer_gid: gid,
+            checks: admission.checks,
             seq: AtomicU64::new(0),
             acks: Mutex::new(AckState::default()),
             cv: Condvar::new(),
@@ -280,11 +473,19 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// The reader: acknowledgements at once, everything else (with a file
-/// descriptor that came along: a `REGISTER`'s userfaultfd) to the worker.
-fn read_program(c: Arc<Client>, tx: mpsc::Sender<(LocalMsg, Option<OwnedFd>)>) {
+/// A record as the worker gets it: with the file descriptor that came
+/// along (a `REGISTER`'s userfaultfd) and the sender's kernel credentials.
+struct Received {
+    msg: LocalMsg,
+    fd: Option<OwnedFd>,
+    /// `SCM_CREDENTIALS`: pid, uid, gid (None: none came).
+    scm: Option<(i32, u32, u32)>,
+}
+
+/// The reader: acknowledgements at once, everything else to the worker.
+fn read_program(c: Arc<Client>, tx: mpsc::Sender<Received>) {
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1), ScmCredentials(1))];
     loop {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let n = match rustix::net::recvmsg(
@@ -299,22 +500,32 @@ fn read_program(c: Arc<Client>, tx: mpsc::Sender<(LocalMsg, Option<OwnedFd>)>) {
             _ => break,
         };
         let mut fd = None;
+        let mut scm = None;
         for msg in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = msg {
-                for f in fds {
-                    // The first one; any other is closed.
-                    fd.get_or_insert(f);
+            match msg {
+                RecvAncillaryMessage::ScmRights(fds) => {
+                    for f in fds {
+                        // The first one; any other is closed.
+                        fd.get_or_insert(f);
+                    }
                 }
+                RecvAncillaryMessage::ScmCredentials(u) => {
+                    scm = Some((u.pid.as_raw_nonzero().get(), u.uid.as_raw(), u.gid.as_raw()));
+                }
+                _ => {}
             }
         }
         let Some(m) = LocalMsg::from_bytes(&buf[..n]) else {
             continue;
         };
+        if let Some((pid, _, _)) = scm {
+            c.pid.store(pid, Ordering::Relaxed);
+        }
         if m.kind == kind::ACK {
             let mut st = c.acks.lock().expect("acks");
             st.acked = st.acked.max(m.id);
             c.cv.notify_all();
-        } else if tx.send((m, fd)).is_err() {
+        } else if tx.send(Received { msg: m, fd, scm }).is_err() {
             break;
         }
     }
@@ -334,70 +545,139 @@ fn reply(c: &Client, req: &LocalMsg, result: Result<[u64; 4], ShmError>) {
     c.send(&m);
 }
 
+/// The caller of a request: the thread it names, within the process the
+/// kernel names (see [`super::creds`]).
+fn caller_of(c: &Client, r: &Received) -> Caller {
+    if c.checks == CallerChecks::ConnectorOnly {
+        let pid = c.pid();
+        return Caller::from_proc(pid, pid)
+            .filter(|p| p.uid == c.peer_uid)
+            .unwrap_or_else(|| Caller::from_scm(pid, c.peer_uid, c.peer_gid));
+    }
+    let (pid, uid, gid) = r.scm.unwrap_or((c.pid(), c.peer_uid, c.peer_gid));
+    Caller::from_proc(pid, r.msg.tid as i32).unwrap_or_else(|| Caller::from_scm(pid, uid, gid))
+}
+
+/// `shmid_ds` as the words of a `CTL` answer ([`proto::STAT_WORDS`]).
+fn stat_words(st: &super::shm::ShmStat) -> [u64; 14] {
+    [
+        st.key as u32 as u64,
+        st.uid as u64,
+        st.gid as u64,
+        st.cuid as u64,
+        st.cgid as u64,
+        st.mode as u64,
+        (st.id as u32 >> super::sysv::IPCMNI_SHIFT) as u64,
+        st.size as u64,
+        st.atime as u64,
+        st.dtime as u64,
+        st.ctime as u64,
+        st.cpid as u32 as u64,
+        st.lpid as u32 as u64,
+        st.nattch as u64,
+    ]
+}
+
+fn ctl_reply(c: &Client, req: &LocalMsg, result: Result<CtlOut, ShmError>) {
+    let mut m = LocalMsg::new(kind::REPLY);
+    m.id = req.id;
+    match result {
+        Err(e) => m.err = e.errno(),
+        Ok(out) => {
+            m.a = out.ret(req.b as i32) as u32 as u64;
+            match out {
+                CtlOut::Done => {}
+                CtlOut::Stat(st) => m.set_words(&stat_words(&st)),
+                CtlOut::Info(_, i) => {
+                    m.set_words(&[i.shmmax, i.shmmin, i.shmmni, i.shmseg, i.shmall])
+                }
+                CtlOut::Usage(_, u) => m.set_words(&[u.used_ids, u.shm_tot, u.shm_rss]),
+            }
+        }
+    }
+    c.send(&m);
+}
+
 /// The worker: one program's requests and faults, in order.
-fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<(LocalMsg, Option<OwnedFd>)>) {
-    for (m, fd) in rx {
+fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<Received>) {
+    for r in rx {
+        let m = r.msg;
         match m.kind {
             kind::FAULT => dsm.node().remote_fault(&c, &m),
+            kind::IDENT => {}
             kind::GET => {
-                let r = dsm.shmget(m.a as u32 as i32, m.b as usize, m.c as u32 as i32);
-                reply(&c, &m, r.map(|id| [id as u64, 0, 0, 0]));
+                let caller = caller_of(&c, &r);
+                let res =
+                    dsm.shmget_as(&caller, m.a as u32 as i32, m.b as usize, m.c as u32 as i32);
+                reply(&c, &m, res.map(|id| [id as u64, 0, 0, 0]));
             }
             kind::ATTACH => {
                 // On success the core already sent ATTACH_OK with the memfd.
+                let caller = caller_of(&c, &r);
                 let uffd = m.c == proto::mode::UFFD;
-                if let Err(e) =
-                    dsm.shmat_remote(m.a as u32 as i32, m.b as i32, uffd, c.clone(), m.id)
-                {
+                if let Err(e) = dsm.shmat_remote(
+                    &caller,
+                    m.a as u32 as i32,
+                    m.b as i32,
+                    uffd,
+                    c.clone(),
+                    m.id,
+                ) {
                     reply(&c, &m, Err(e));
                 }
             }
             kind::CLONE => {
                 // fork: the child's copy of a mapping, attached before
                 // fork returns; ATTACH_OK comes from the core.
+                let caller = caller_of(&c, &r);
                 let readonly = m.b as i32 & super::shm::SHM_RDONLY != 0;
                 let uffd = m.c == proto::mode::UFFD;
-                if let Err(e) = dsm.clone_remote(m.a as u32, readonly, uffd, c.clone(), m.id) {
+                if let Err(e) =
+                    dsm.clone_remote(&caller, m.a as u32, readonly, uffd, c.clone(), m.id)
+                {
                     reply(&c, &m, Err(e));
                 }
             }
             kind::REGISTER => {
-                let r = dsm.node().register_remote(&c, &m, fd);
-                reply(&c, &m, r.map(|_| [0; 4]));
+                let res = dsm.node().register_remote(&c, &m, r.fd);
+                reply(&c, &m, res.map(|_| [0; 4]));
             }
             kind::DETACH => {
-                let r = dsm.shmdt_process(m.a as u32);
+                let res = dsm.shmdt_process(m.a as u32, c.pid());
                 c.processes.lock().expect("processes").remove(&(m.a as u32));
                 if m.id != 0 {
-                    reply(&c, &m, r.map(|_| [0; 4]));
+                    reply(&c, &m, res.map(|_| [0; 4]));
                 }
             }
+            kind::REMAP => {
+                // The kernel's remap_file_pages unmaps, then maps the
+                // segment again: the unmap of the last attach of a removed
+                // segment destroys it, and the map then fails.
+                let process = m.a as u32;
+                let res = match dsm.last_attach_of_removed(process) {
+                    Ok(true) if m.b == 1 => {
+                        let d = dsm.shmdt_process(process, c.pid());
+                        c.processes.lock().expect("processes").remove(&process);
+                        d.map(|_| [0, 0, 1, 0])
+                    }
+                    Ok(_) => Ok([0; 4]),
+                    Err(e) => Err(e),
+                };
+                reply(&c, &m, res);
+            }
             kind::CTL => {
-                let cmd = match m.b as i32 {
-                    0 => Some(ShmCtl::Rmid),
-                    1 => Some(ShmCtl::Set {
-                        mode: m.c as u32 & 0o777,
-                    }),
-                    2 => Some(ShmCtl::Stat),
-                    _ => None,
-                };
-                let r = match cmd {
-                    None => Err(ShmError::Invalid),
-                    Some(cmd) => dsm.shmctl(m.a as u32 as i32, cmd).map(|st| match st {
-                        Some(st) => [
-                            st.key as u32 as u64,
-                            st.size as u64,
-                            st.mode as u64,
-                            st.nattch as u64,
-                        ],
-                        None => [0; 4],
-                    }),
-                };
-                reply(&c, &m, r);
+                let caller = caller_of(&c, &r);
+                let set = (m.b as i32 == cmd::IPC_SET).then_some(SetArgs {
+                    uid: m.d as u32,
+                    gid: m.e as u32,
+                    mode: m.c as u32,
+                });
+                let res = dsm.ctl(&caller, m.a as u32 as i32, m.b as u32 as i32, set);
+                ctl_reply(&c, &m, res);
             }
             kind::SET_DELTA => {
-                let r = dsm.set_delta(m.a as u32 as i32, m.b as u32);
-                reply(&c, &m, r.map(|_| [0; 4]));
+                let res = dsm.set_delta(m.a as u32 as i32, m.b as u32);
+                reply(&c, &m, res.map(|_| [0; 4]));
             }
             kind::STATUS => {
                 let text = dsm.status_text();
@@ -416,7 +696,7 @@ fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<(LocalMsg, Op
         .into_iter()
         .collect();
     for p in processes {
-        let _ = dsm.shmdt_process(p);
+        let _ = dsm.shmdt_process(p, c.pid());
     }
 }
 

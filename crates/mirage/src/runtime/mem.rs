@@ -12,7 +12,7 @@ use super::local::{Client, proto};
 use super::uffd::{self, Uffd};
 use crate::core::{Held, PageNo};
 use nix::libc;
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::mm::{MapFlags, MprotectFlags, ProtFlags};
 use std::ffi::c_void;
 use std::io;
@@ -117,6 +117,10 @@ impl SegmentMemory {
             "DSM pages are MMU pages (§6)"
         );
         let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        // The daemon's own: a program handed a read-only descriptor (a
+        // `SHM_RDONLY` attach) cannot reopen it for writing through
+        // `/proc/self/fd` (a memfd starts with mode 0777).
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))?;
         let len = pages * page_bytes;
         rustix::fs::ftruncate(&fd, len as u64)?;
         // SAFETY: a fresh shared mapping of our own memfd.
@@ -221,9 +225,24 @@ impl SegmentMemory {
         self.frozen = true;
     }
 
-    /// The segment's memfd (sent to a program with its attach).
+    /// The segment's memfd (the daemon's own descriptor).
     pub fn memfd(&self) -> rustix::fd::BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// A descriptor of the memfd for a program's attach: read-only for a
+    /// `SHM_RDONLY` attach (a writable shared mapping of it then fails,
+    /// as `mprotect(PROT_WRITE)` on it does), else a duplicate.
+    pub fn share(&self, readonly: bool) -> io::Result<OwnedFd> {
+        if !readonly {
+            return Ok(rustix::io::fcntl_dupfd_cloexec(&self.fd, 0)?);
+        }
+        let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        Ok(rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?)
     }
 
     /// Adds a program's mapping (the shim's). The caller sends the attach
@@ -527,6 +546,35 @@ impl SegmentMemory {
                 _ => {}
             }
         }
+    }
+
+    /// Pages present in the memfd (this site's copy; a hole is none).
+    pub fn resident_pages(&self) -> u64 {
+        rustix::fs::fstat(&self.fd)
+            .map_or(0, |st| st.st_blocks as u64 * 512 / self.page_bytes as u64)
+    }
+
+    /// `SHM_LOCK`: pins this site's copy in memory. `MLOCK_ONFAULT`: a
+    /// page is locked once present, and none is brought in by the lock,
+    /// because a page held nowhere here must stay a hole (the
+    /// userfaultfd path takes rights away by punching pages out).
+    pub fn set_locked(&self, on: bool) -> io::Result<()> {
+        // SAFETY: the service mapping, owned by this value, whole.
+        let rc = unsafe {
+            if on {
+                libc::mlock2(
+                    self.service as *const c_void,
+                    self.len(),
+                    libc::MLOCK_ONFAULT,
+                )
+            } else {
+                libc::munlock(self.service as *const c_void, self.len())
+            }
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub fn is_frozen(&self) -> bool {

@@ -7,7 +7,9 @@
 //! - [`fault`] — typed faults by mprotect + SIGSEGV; the path choice and probe.
 //! - [`uffd`] — typed faults by userfaultfd (missing + write-protect).
 //! - [`local`] — the local socket for programs using `libmmulab_shm.so`.
-//! - [`shm`] — the System V-style Rust API (`shmget`/`shmat`/`shmdt`/`shmctl`).
+//! - [`shm`] — the System V API (`shmget`/`shmat`/`shmdt`/`shmctl`), per caller.
+//! - [`sysv`] — Linux's rules it follows: ids, permissions, limits, `SHM_HUGETLB`.
+//! - [`creds`] — who is calling: a request's credentials, as the kernel checks them.
 //! - [`bench`](mod@bench) — remote-fault latency beside the loopback limit.
 //! - [`sweep`] — the bench's Δ sweeps, one process per site, each pinned to a core.
 //! - [`cli`] — clap-free entry points for `mmulab dsm site` and `mmulab dsm bench`.
@@ -17,6 +19,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod creds;
 pub mod fault;
 pub mod local;
 /// The shim's local protocol, one file shared with `crates/mirage-shim`.
@@ -26,6 +29,7 @@ pub mod mem;
 pub mod node;
 pub mod shm;
 pub mod sweep;
+pub mod sysv;
 pub mod uffd;
 
 pub use config::ClusterConfig;

@@ -40,7 +40,7 @@ use crate::core::{
     Access, Action, CoreConfig, Event, Geometry, Held, Msg, Nanos, PageNo, ProcessId, SegmentId,
     Site, SiteId, Timer,
 };
-use crate::wire::{self, DirMsg, Frame, Handshake, Hello, Limits, WireError};
+use crate::wire::{self, DirMsg, Frame, Handshake, Hello, Limits, SegmentOrigin, WireError};
 use nix::libc;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -176,11 +176,12 @@ pub fn stamp() -> u64 {
 pub(crate) enum Api {
     Lookup {
         key: i32,
-        reply: Sender<Option<SegmentId>>,
+        reply: Sender<Option<(SegmentId, Option<SegmentOrigin>)>>,
     },
     Register {
         key: i32,
         segment: SegmentId,
+        origin: SegmentOrigin,
         reply: Sender<SegmentId>,
     },
     RemoveKey {
@@ -215,6 +216,23 @@ pub(crate) enum Api {
     /// checks its pages back in. The replies come with each `Detached`.
     CheckIn {
         reply: Sender<Vec<Receiver<()>>>,
+    },
+    /// `IPC_RMID` under System V's lifetime: the core tells the library.
+    Remove {
+        segment: SegmentId,
+    },
+    /// `SHM_LOCK` (`on`) or `SHM_UNLOCK`: pins this site's copy of the
+    /// segment in memory (`mlock` of the daemon's mapping of its memfd).
+    Lock {
+        segment: SegmentId,
+        on: bool,
+        reply: Sender<std::io::Result<()>>,
+    },
+    /// `SHM_INFO`'s `shm_rss`: pages present in this site's copies of
+    /// these segments.
+    Resident {
+        segments: Vec<SegmentId>,
+        reply: Sender<u64>,
     },
     /// The Rust API's checked access: copy `len` bytes at `at` of `page`
     /// of attach `process` out (`write: None`) or in, under the core's
@@ -352,6 +370,9 @@ pub(crate) struct Shared {
     pub checking_in: AtomicBool,
     /// The userfaultfd path, when in use (None: mprotect + SIGSEGV).
     pub uffd: Option<Arc<super::uffd::Uffd>>,
+    /// Segments destroyed since the shmid table last looked
+    /// ([`Node::take_destroyed`]): their ids and keys are free again.
+    pub destroyed: Mutex<Vec<SegmentId>>,
     /// The core and everything it drives. Readers and the fault thread
     /// take it and handle their input on their own thread (no hand-off);
     /// the core thread serves the API and the timers. `None` once stopped.
@@ -467,6 +488,7 @@ impl Node {
             peers: Mutex::new(vec![PeerState::default(); sites as usize]),
             checking_in: AtomicBool::new(false),
             uffd: fault::open_path(fault_path).map(Arc::new),
+            destroyed: Mutex::new(Vec::new()),
             core: Mutex::new(None),
         });
         let mut fds = [0i32; 2];
@@ -578,7 +600,7 @@ impl Node {
                 let u = Arc::new(super::uffd::Uffd::from_fd(fd));
                 let (s, c, u2) = (self.shared.clone(), client.clone(), u.clone());
                 std::thread::Builder::new()
-                    .name(format!("dsm-uffd-pid-{}", client.pid))
+                    .name(format!("dsm-uffd-pid-{}", client.pid()))
                     .spawn(move || remote_uffd_reader(s, c, u2))
                     .map_err(|e| ShmError::Os(format!("a fault thread: {e}")))?;
                 *slot = Some(u);
@@ -595,6 +617,12 @@ impl Node {
             done = core.register_remote(client, process, uffd);
         });
         if done { Ok(()) } else { Err(ShmError::Invalid) }
+    }
+
+    /// Segments destroyed since the last call (System V: their ids and
+    /// keys are free again).
+    pub(crate) fn take_destroyed(&self) -> Vec<SegmentId> {
+        std::mem::take(&mut *self.shared.destroyed.lock().expect("destroyed"))
     }
 
     /// Sites and segments, as `mmulab dsm status` prints them.
@@ -886,7 +914,7 @@ type PendingAttach = (
 );
 
 enum DirWait {
-    Lookup(Sender<Option<SegmentId>>),
+    Lookup(Sender<Option<(SegmentId, Option<SegmentOrigin>)>>),
     Register(Sender<SegmentId>),
 }
 
@@ -914,6 +942,8 @@ struct CoreLoop {
     fenced: std::collections::BTreeSet<(SiteId, SegmentId)>,
     /// Segments created here (the library's), for fencing.
     created: std::collections::BTreeSet<SegmentId>,
+    /// Segments under `SHM_LOCK`: this site's copy is pinned in memory.
+    locked: std::collections::BTreeSet<SegmentId>,
     last_ping: Instant,
     /// Peers that sent a message the core refused while it handled the
     /// current frame (their connection is dropped).
@@ -926,7 +956,7 @@ struct CoreLoop {
     pending_attach: BTreeMap<u32, PendingAttach>,
     pending_detach: BTreeMap<u32, Sender<()>>,
     /// The key directory (first site only).
-    dir: BTreeMap<i32, SegmentId>,
+    dir: BTreeMap<i32, (SegmentId, SegmentOrigin)>,
     dir_waits: BTreeMap<u64, DirWait>,
     next_req: u64,
     next_process: u32,
@@ -938,10 +968,7 @@ impl CoreLoop {
     fn new(shared: Arc<Shared>, fault_pipe_w: Arc<OwnedFd>) -> CoreLoop {
         let n = shared.config.sites.len();
         let peers = (0..n as u16).map(SiteId).collect();
-        let core = CoreConfig {
-            tick_ns: shared.config.tick_ns,
-            ..CoreConfig::default()
-        };
+        let core = shared.config.core_config();
         let trace = shared.options.record_trace.then(Vec::new);
         CoreLoop {
             site: Site::new(shared.me, peers, core),
@@ -956,6 +983,7 @@ impl CoreLoop {
             dead_segments: std::collections::BTreeSet::new(),
             fenced: std::collections::BTreeSet::new(),
             created: std::collections::BTreeSet::new(),
+            locked: std::collections::BTreeSet::new(),
             last_ping: Instant::now(),
             refused_from: Vec::new(),
             redialled: vec![None; n],
@@ -1306,11 +1334,23 @@ impl CoreLoop {
     fn directory(&mut self, from: SiteId, msg: DirMsg) {
         match msg {
             DirMsg::Lookup { req, key } => {
-                let segment = self.dir.get(&key).copied();
-                self.send_frame(from, Frame::Dir(DirMsg::Found { req, key, segment }));
+                let found = self.dir.get(&key).copied();
+                let (segment, origin) = (found.map(|f| f.0), found.map(|f| f.1));
+                let reply = DirMsg::Found {
+                    req,
+                    key,
+                    segment,
+                    origin,
+                };
+                self.send_frame(from, Frame::Dir(reply));
             }
-            DirMsg::Register { req, key, segment } => {
-                let winner = *self.dir.entry(key).or_insert(segment);
+            DirMsg::Register {
+                req,
+                key,
+                segment,
+                origin,
+            } => {
+                let winner = self.dir.entry(key).or_insert((segment, origin)).0;
                 let reply = DirMsg::Registered {
                     req,
                     key,
@@ -1321,9 +1361,14 @@ impl CoreLoop {
             DirMsg::Remove { key } => {
                 self.dir.remove(&key);
             }
-            DirMsg::Found { req, segment, .. } => {
+            DirMsg::Found {
+                req,
+                segment,
+                origin,
+                ..
+            } => {
                 if let Some(DirWait::Lookup(r)) = self.dir_waits.remove(&req) {
-                    let _ = r.send(segment);
+                    let _ = r.send(segment.map(|s| (s, origin)));
                 }
             }
             DirMsg::Registered { req, segment, .. } => {
@@ -1343,7 +1388,7 @@ impl CoreLoop {
         match api {
             Api::Lookup { key, reply } => {
                 if me == self.dir_site() {
-                    let _ = reply.send(self.dir.get(&key).copied());
+                    let _ = reply.send(self.dir.get(&key).map(|&(s, o)| (s, Some(o))));
                 } else {
                     let req = self.next_req;
                     self.next_req += 1;
@@ -1354,15 +1399,21 @@ impl CoreLoop {
             Api::Register {
                 key,
                 segment,
+                origin,
                 reply,
             } => {
                 if me == self.dir_site() {
-                    let _ = reply.send(*self.dir.entry(key).or_insert(segment));
+                    let _ = reply.send(self.dir.entry(key).or_insert((segment, origin)).0);
                 } else {
                     let req = self.next_req;
                     self.next_req += 1;
                     self.dir_waits.insert(req, DirWait::Register(reply));
-                    let msg = DirMsg::Register { req, key, segment };
+                    let msg = DirMsg::Register {
+                        req,
+                        key,
+                        segment,
+                        origin,
+                    };
                     self.send_frame(self.dir_site(), Frame::Dir(msg));
                 }
             }
@@ -1446,6 +1497,24 @@ impl CoreLoop {
                     });
                 }
                 let _ = reply.send(true);
+            }
+            Api::Remove { segment } => self.feed(Event::Remove { segment }),
+            Api::Lock { segment, on, reply } => {
+                if on {
+                    self.locked.insert(segment);
+                } else {
+                    self.locked.remove(&segment);
+                }
+                let r = self.segs.get(&segment).map_or(Ok(()), |m| m.set_locked(on));
+                let _ = reply.send(r);
+            }
+            Api::Resident { segments, reply } => {
+                let n = segments
+                    .iter()
+                    .filter_map(|s| self.segs.get(s))
+                    .map(|m| m.resident_pages())
+                    .sum();
+                let _ = reply.send(n);
             }
             Api::TakeTrace { reply } => {
                 let t = self.trace.as_mut().map(std::mem::take).unwrap_or_default();
@@ -1596,7 +1665,7 @@ impl CoreLoop {
                 .values()
                 .filter(|a| a.segment == *seg)
                 .map(|a| match &a.client {
-                    Some(c) => format!("pid {}", c.pid),
+                    Some(c) => format!("pid {}", c.pid()),
                     None => "daemon".to_string(),
                 })
                 .collect();
@@ -1816,7 +1885,10 @@ impl CoreLoop {
                 let segs: Vec<SegmentId> = self.segs.keys().copied().collect();
                 segs.into_iter().flat_map(seg_pages).collect()
             }
-            Event::Create { .. } | Event::Attach { .. } | Event::SetWindow { .. } => Vec::new(),
+            Event::Create { .. }
+            | Event::Attach { .. }
+            | Event::SetWindow { .. }
+            | Event::Remove { .. } => Vec::new(),
         }
     }
 
@@ -1987,6 +2059,14 @@ impl CoreLoop {
                 }
             }
             Action::Destroyed { segment } => {
+                // Its key is free again, and so is its id on this site.
+                self.dir.retain(|_, (s, _)| *s != segment);
+                self.locked.remove(&segment);
+                self.shared
+                    .destroyed
+                    .lock()
+                    .expect("destroyed")
+                    .push(segment);
                 // An attach that raced the last detach finds no segment
                 // (Mirage: the last detach destroys it, §2.2).
                 let gone: Vec<u32> = self
@@ -2026,6 +2106,10 @@ impl CoreLoop {
                     self.shared.uffd.clone(),
                 )
                 .map_err(|e| ShmError::Os(format!("memfd: {e}")))?;
+                if self.locked.contains(&segment) {
+                    mem.set_locked(true)
+                        .map_err(|e| ShmError::Os(format!("SHM_LOCK: mlock: {e}")))?;
+                }
                 slot.insert(mem);
             }
             let mem = self.segs.get_mut(&segment).expect("just made");
@@ -2042,7 +2126,10 @@ impl CoreLoop {
                     m.a = process as u64;
                     m.b = mem.len() as u64;
                     m.c = readonly as u64;
-                    if !client.send_fd(&m, mem.memfd()) {
+                    let fd = mem
+                        .share(readonly)
+                        .map_err(|e| ShmError::Os(format!("memfd: {e}")))?;
+                    if !client.send_fd(&m, rustix::fd::AsFd::as_fd(&fd)) {
                         return Err(ShmError::Os("the program's socket is closed".into()));
                     }
                     let faults = if *uffd {
@@ -2392,13 +2479,9 @@ fn msg_segment(msg: &Msg) -> Option<SegmentId> {
 pub fn replay(
     site: SiteId,
     sites: u16,
-    tick_ns: u64,
+    core: CoreConfig,
     trace: &[TraceEntry],
 ) -> Result<usize, String> {
-    let core = CoreConfig {
-        tick_ns,
-        ..CoreConfig::default()
-    };
     let mut s = Site::new(site, (0..sites).map(SiteId).collect(), core);
     let mut events = 0;
     for (i, t) in trace.iter().enumerate() {
