@@ -363,10 +363,12 @@ fn run_site_starts_from_a_config_file_and_stops() {
     let dir = std::env::temp_dir().join(format!("mirage-site-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cluster.toml");
+    let _ = std::fs::remove_file(dir.join("cluster.key"));
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
     std::fs::write(
         &path,
         format!(
-            "cluster_id = 11\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\n\
+            "cluster_id = 11\nkey_file = \"cluster.key\"\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\n\
              [[key]]\nkey = 1\ndelta_ticks = 2\n"
         ),
     )
@@ -397,8 +399,7 @@ fn child_site_b() {
     let Ok(path) = std::env::var("MIRAGE_CHILD_CONFIG") else {
         return;
     };
-    let text = std::fs::read_to_string(path).unwrap();
-    let config = mmulab_mirage::runtime::ClusterConfig::parse(&text).unwrap();
+    let config = mmulab_mirage::runtime::ClusterConfig::load(std::path::Path::new(&path)).unwrap();
     let node = mmulab_mirage::runtime::Node::start(config, "b", NodeOptions::default()).unwrap();
     let b = mmulab_mirage::runtime::shm::Dsm::new(node);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -455,18 +456,18 @@ fn two_processes_share_a_segment_coherently() {
     let dir = std::env::temp_dir().join(format!("mirage-2proc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cluster.toml");
+    let _ = std::fs::remove_file(dir.join("cluster.key"));
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
     std::fs::write(
         &path,
         format!(
-            "cluster_id = 12\n[[site]]\nname = \"a\"\naddr = \"{}\"\n\
+            "cluster_id = 12\nkey_file = \"cluster.key\"\n[[site]]\nname = \"a\"\naddr = \"{}\"\n\
              [[site]]\nname = \"b\"\naddr = \"127.0.0.1:{port_b}\"\n",
             la.local_addr().unwrap()
         ),
     )
     .unwrap();
-    let config =
-        mmulab_mirage::runtime::ClusterConfig::parse(&std::fs::read_to_string(&path).unwrap())
-            .unwrap();
+    let config = mmulab_mirage::runtime::ClusterConfig::load(&path).unwrap();
     let node = mmulab_mirage::runtime::Node::start_with_listener(
         config,
         SiteId(0),
