@@ -510,15 +510,19 @@ fn two_processes_share_a_segment_coherently() {
 
 /// Peers with a wrong cluster id, a stale incarnation, or that vanish
 /// mid-frame are logged by name with the reason and dropped; the core
-/// never sees the partial page.
+/// never sees the partial page. These peers hold the cluster key (a
+/// member misbehaving); strangers without it are refused earlier
+/// (`tests/findings.rs`).
 #[test]
 fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
     use mmulab_mirage::core::{Access, Msg, PageNo, SegmentId};
-    use mmulab_mirage::wire::{self, Frame, Hello, Limits};
-    use std::io::Write;
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::wire::{self, Frame, Hello};
     let (a, _b) = two_sites(NodeOptions::default()).unwrap();
     let addr = a.node().local_addr();
-    let cluster_id = a.node().config().cluster_id;
+    let config = a.node().config().clone();
+    let key = config.cluster_key.as_ref();
+    let cluster_id = config.cluster_id;
     let hello = |cluster_id: u64, incarnation: u64| Hello {
         version: wire::PROTOCOL_VERSION,
         cluster_id,
@@ -538,16 +542,12 @@ fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
         }
     };
     // Wrong cluster.
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id ^ 1, u64::MAX - 1))).unwrap();
+    assert!(MemberConn::dial(addr, key, hello(cluster_id ^ 1, u64::MAX - 1), 2).is_err());
     wait_for("wrong-cluster");
     // A newer incarnation of b, then an older one: stale.
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id, u64::MAX - 1))).unwrap();
-    let answer = wire::read_frame(&mut s, &Limits::default()).unwrap();
-    assert!(matches!(answer, Frame::Hello(h) if h.site == SiteId(0)));
-    let mut old = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut old, Frame::Hello(hello(cluster_id, 1))).unwrap();
+    let mut s = MemberConn::dial(addr, key, hello(cluster_id, u64::MAX - 1), 2).unwrap();
+    assert_eq!(s.answer.site, SiteId(0));
+    assert!(MemberConn::dial(addr, key, hello(cluster_id, 1), 2).is_err());
     wait_for("stale-incarnation");
     // Half a page frame, then the peer vanishes.
     let page = Msg::Page {
@@ -564,7 +564,7 @@ fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
         clock_of: None,
     };
     let bytes = wire::encode(Frame::Core(page));
-    s.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    s.send_plain(&bytes[..bytes.len() / 2]).unwrap();
     drop(s);
     let line = wait_for("truncated");
     assert!(line.contains("site b"), "{line}");

@@ -451,6 +451,63 @@ pub(crate) fn dial(stream: &TcpStream, cred: &Credentials) -> Result<Established
     })
 }
 
+/// A connection to a site that speaks as a member: for tests and tools
+/// that need to act as a peer (send a chosen hello, frames, half a
+/// frame). It holds the key it is given; it cannot do more than a site.
+pub struct MemberConn {
+    stream: TcpStream,
+    sealer: Sealer,
+    pub answer: Hello,
+}
+
+impl MemberConn {
+    /// Dials `addr` and handshakes with `key` (None: bare, as under
+    /// `insecure = true`), saying `hello`.
+    pub fn dial(
+        addr: std::net::SocketAddr,
+        key: Option<&ClusterKey>,
+        hello: Hello,
+        sites: u16,
+    ) -> Result<MemberConn, WireError> {
+        let stream = TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
+        let seen = Mutex::new(Handshake::new(hello.cluster_id, sites));
+        let est = dial(
+            &stream,
+            &Credentials {
+                key,
+                ours: hello,
+                seen: &seen,
+                limits: Limits::default(),
+                timeout: std::time::Duration::from_secs(5),
+            },
+        )?;
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(None);
+        Ok(MemberConn {
+            stream,
+            sealer: est.sealer,
+            answer: est.hello,
+        })
+    }
+
+    /// Sends one whole frame.
+    pub fn send(&mut self, frame: Frame) -> io::Result<()> {
+        self.send_plain(&wire::encode(frame))
+    }
+
+    /// Sends these bytes of the plain frame stream (a part of a frame, to
+    /// play a peer that vanishes mid-frame), sealed as one record.
+    pub fn send_plain(&mut self, plain: &[u8]) -> io::Result<()> {
+        let mut out = Vec::new();
+        self.sealer.seal(plain, &mut out);
+        (&self.stream).write_all(&out)
+    }
+
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
 /// A frame read that ran into the deadline is a handshake timeout.
 fn deadline_of(e: WireError, bound: std::time::Duration) -> WireError {
     match e {

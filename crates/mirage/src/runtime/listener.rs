@@ -68,23 +68,24 @@ pub struct ConnectionCount {
 
 impl Connections {
     /// Registers a new connection unless `max_pending` are in their
-    /// handshake already.
+    /// handshake already (`Err(None)`), or no descriptor is left for the
+    /// registry's handle (`Err(Some(e))`).
     fn admit(
         &self,
         shared: &Arc<Shared>,
         stream: &TcpStream,
         max_pending: usize,
-    ) -> Option<Admitted> {
-        let handle = stream.try_clone().ok()?;
+    ) -> Result<Admitted, Option<std::io::Error>> {
         let mut st = self.state.lock().expect("conns");
         if st.pending >= max_pending {
-            return None;
+            return Err(None);
         }
+        let handle = stream.try_clone().map_err(Some)?;
         st.next_id += 1;
         let id = st.next_id;
         st.open.insert(id, (None, handle));
         st.pending += 1;
-        Some(Admitted {
+        Ok(Admitted {
             shared: shared.clone(),
             id,
         })
@@ -214,11 +215,22 @@ pub(crate) fn listen(shared: Arc<Shared>, listener: TcpListener) {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
-        let Some(admitted) = shared.conns.admit(&shared, &stream, max_pending) else {
-            shared.log_drop(format!(
-                "peer {addr}: dropped: too-many-pending: {max_pending} connections already in their handshake (max_peers_pending)"
-            ));
-            continue; // `stream` is closed here, at once.
+        // On refusal `stream` is closed here, at once.
+        let admitted = match shared.conns.admit(&shared, &stream, max_pending) {
+            Ok(a) => a,
+            Err(None) => {
+                shared.log_drop(format!(
+                    "peer {addr}: dropped: too-many-pending: {max_pending} connections already in their handshake (max_peers_pending)"
+                ));
+                continue;
+            }
+            Err(Some(e)) => {
+                shared.log_drop(format!("peer {addr}: dropped: no descriptor for it: {e}"));
+                drop(stream);
+                pause(&shared, backoff);
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
         };
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
