@@ -12,6 +12,7 @@
 //! - [`fault_paths`] — faults in, failures out (lost pages, dead peers).
 //! - [`directory`] — the System V key directory on the first site.
 //! - [`proxy`] — `mmulab dsm proxy`: delay, loss and cuts between sites.
+//! - [`history`] — per-page sequential consistency of a fault test's history.
 //! - [`mem`] — one memfd per segment, a service mapping and attach mappings.
 //! - [`fault`] — typed faults by mprotect + SIGSEGV; the path choice and probe.
 //! - [`uffd`] — typed faults by userfaultfd (missing + write-protect).
@@ -31,6 +32,7 @@ pub(crate) mod directory;
 pub mod fault;
 pub(crate) mod fault_paths;
 pub mod handshake;
+pub mod history;
 pub mod key;
 pub mod listener;
 pub mod local;
