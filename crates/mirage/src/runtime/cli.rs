@@ -138,7 +138,7 @@ pub fn run_proxy(
 ) -> Result<(), CliError> {
     catch_stop_signals();
     let proxy = super::proxy::Proxy::start_on(listen, to, faults)?;
-    log(&format!("{}", proxy.describe()));
+    log(&proxy.describe());
     while !stop.load(Ordering::SeqCst) && !SIGNALLED.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
     }
