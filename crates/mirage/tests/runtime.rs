@@ -665,3 +665,152 @@ fn the_mprotect_fallback_keeps_coherence() {
     a.shmdt(pa as *mut u8).unwrap();
     b.shmdt(pb as *mut u8).unwrap();
 }
+
+/// A peer with another cluster key is logged with its address and closed;
+/// nothing changes at the site (issue #23).
+#[test]
+fn a_peer_with_another_key_is_logged_with_its_address_and_changes_nothing() {
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::runtime::key::ClusterKey;
+    use mmulab_mirage::wire::{self, Hello};
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let id = a.shmget(0x5151, page(), IPC_CREAT | 0o600).unwrap();
+    let p = a.shmat(id, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    unsafe { std::ptr::write_volatile(p as *mut u64, 77) };
+    let before = a.node().status_text();
+    let other = ClusterKey::random().unwrap();
+    let hello = Hello {
+        version: wire::PROTOCOL_VERSION,
+        cluster_id: a.node().config().cluster_id,
+        site: SiteId(1),
+        name: "b".into(),
+        incarnation: u64::MAX,
+    };
+    let e = MemberConn::dial(a.node().local_addr(), Some(&other), hello, 2)
+        .err()
+        .expect("another key is refused");
+    assert_eq!(e.reason(), "unauthenticated", "{e}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        let d = a.node().dropped_peers();
+        if let Some(l) = d.iter().find(|l| l.contains("unauthenticated")) {
+            break l.clone();
+        }
+        assert!(Instant::now() < deadline, "no drop line: {d:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(line.starts_with("peer 127.0.0.1:"), "{line}");
+    // Nothing changed: same sites' view, the page still here, b still in.
+    let strip = |s: &str| -> String {
+        s.lines()
+            .filter(|l| !l.contains("heard"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&a.node().status_text()), strip(&before));
+    // SAFETY: as above.
+    assert_eq!(unsafe { std::ptr::read_volatile(p as *const u64) }, 77);
+    let idb = b.shmget(0x5151, page(), 0o600).unwrap();
+    let pb = b.shmat(idb, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    assert_eq!(unsafe { std::ptr::read_volatile(pb as *const u64) }, 77);
+    a.shmdt(p).unwrap();
+    b.shmdt(pb).unwrap();
+}
+
+/// An authenticated peer that goes silent (not even a heartbeat) past
+/// the peer timeout has its connection closed (issue #23, finding 4).
+#[test]
+fn an_idle_authenticated_peer_is_closed_after_the_peer_timeout() {
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::runtime::{ClusterConfig, Node};
+    use mmulab_mirage::wire::{self, Hello};
+    use std::io::Read;
+    let la = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let absent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ClusterConfig::loopback(
+        std::process::id() as u64 ^ 0x1d1e,
+        &[la.local_addr().unwrap(), absent.local_addr().unwrap()],
+    );
+    let options = NodeOptions {
+        peer_timeout: Duration::from_millis(800),
+        ..NodeOptions::default()
+    };
+    let key = config.cluster_key.clone();
+    let cluster_id = config.cluster_id;
+    let a = Node::start_with_listener(config, SiteId(0), la, options).unwrap();
+    let hello = Hello {
+        version: wire::PROTOCOL_VERSION,
+        cluster_id,
+        site: SiteId(1),
+        name: "b".into(),
+        incarnation: 1,
+    };
+    let conn = MemberConn::dial(a.local_addr(), key.as_ref(), hello, 2).unwrap();
+    assert_eq!(a.connection_count().open, 1);
+    let t = Instant::now();
+    let mut s = conn.stream();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "still open");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    assert!(
+        a.dropped_peers()
+            .iter()
+            .any(|l| l.contains("site b") && l.contains("idle")),
+        "{:?}",
+        a.dropped_peers()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.connection_count().open != 0 {
+        assert!(Instant::now() < deadline, "the connection is still held");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    a.stop();
+}
+
+/// `mmulab dsm site` warns at every start under `insecure = true`, and
+/// refuses a key file that group or others may read, naming it.
+#[test]
+fn run_site_warns_when_insecure_and_refuses_an_open_key_file() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::AtomicBool;
+    let dir = std::env::temp_dir().join(format!("mirage-insecure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let site = format!(
+        "[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\nsocket = \"{}\"\n",
+        dir.join("a.sock").display()
+    );
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, format!("cluster_id = 13\ninsecure = true\n{site}")).unwrap();
+    let stop = AtomicBool::new(true);
+    let mut lines = Vec::new();
+    mmulab_mirage::runtime::cli::run_site(&path, "a", &stop, &mut |l| lines.push(l.to_string()))
+        .unwrap();
+    assert!(
+        lines[0].starts_with("warning: ") && lines[0].contains("insecure = true"),
+        "{lines:?}"
+    );
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
+    std::fs::set_permissions(
+        dir.join("cluster.key"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::write(
+        &path,
+        format!("cluster_id = 13\nkey_file = \"cluster.key\"\n{site}"),
+    )
+    .unwrap();
+    let e = mmulab_mirage::runtime::cli::run_site(&path, "a", &stop, &mut |_| {}).unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("cluster.key") && e.contains("0640"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -174,7 +174,12 @@ impl CoreLoop {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
-                    let answer = super::handshake::dial(&s, &self.shared.credentials());
+                    // Under the core's lock: a peer that accepts but never
+                    // answers (a stopped process) stalls the core for a
+                    // second at most, not the acceptor's whole deadline.
+                    let mut cred = self.shared.credentials();
+                    cred.timeout = cred.timeout.min(Duration::from_secs(1));
+                    let answer = super::handshake::dial(&s, &cred);
                     let failed = match answer {
                         Ok(est) if est.hello.site == to => {
                             let _ = s.set_read_timeout(None);
