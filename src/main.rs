@@ -173,6 +173,32 @@ enum DsmCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write a new cluster key (256 random bits, mode 0600) for
+    /// cluster.toml's `key_file`; never overwrites a file.
+    Keygen {
+        #[arg(short = 'o', long = "out", value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// A TCP proxy that injects faults between sites (delay, loss, cuts),
+    /// for testing a cluster under a bad network.
+    Proxy {
+        #[arg(long, value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        #[arg(long, value_name = "ADDR")]
+        to: std::net::SocketAddr,
+        /// Delay each chunk by this many milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        delay: u64,
+        /// Discard each chunk with this probability.
+        #[arg(long, value_name = "P", default_value_t = 0.0)]
+        drop: f64,
+        /// Cut a connection once this many bytes went one way.
+        #[arg(long, value_name = "BYTES")]
+        cut_after: Option<u64>,
+        /// Seed of the loss stream.
+        #[arg(long, value_name = "S", default_value_t = 0)]
+        seed: u64,
+    },
     /// One site of a bench sweep point (started by `dsm bench` itself:
     /// its listener on fd 3, its job as JSON, `go`/`stop` on stdin).
     #[command(hide = true)]
@@ -614,6 +640,33 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
             mmulab_mirage::runtime::cli::run_site(&config, &name, &STOP, &mut |m| eprintln!("{m}"))
                 .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dsm(DsmCommand::Keygen { out }) => {
+            let line = mmulab_mirage::runtime::cli::keygen(&out)
+                .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
+            eprintln!("{line}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dsm(DsmCommand::Proxy {
+            listen,
+            to,
+            delay,
+            drop,
+            cut_after,
+            seed,
+        }) => {
+            let faults = mmulab_mirage::runtime::proxy::Faults {
+                delay: std::time::Duration::from_millis(delay),
+                drop,
+                cut_after,
+                seed,
+            };
+            static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            mmulab_mirage::runtime::cli::run_proxy(listen, to, faults, &STOP, &mut |m| {
+                eprintln!("{m}")
+            })
+            .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dsm(DsmCommand::BenchSite { job }) => {

@@ -423,7 +423,17 @@ fn free_port() -> u16 {
 /// daemons and waits (bounded) for their local sockets.
 fn dsm_cluster(dir: &std::path::Path) -> (PathBuf, DsmSites) {
     let config = dir.join("cluster.toml");
-    let mut text = format!("cluster_id = {}\n", std::process::id());
+    let key = mmulab(&[
+        "dsm",
+        "keygen",
+        "-o",
+        dir.join("cluster.key").to_str().unwrap(),
+    ]);
+    assert!(key.status.success(), "{}", stderr(&key));
+    let mut text = format!(
+        "cluster_id = {}\nkey_file = \"cluster.key\"\n",
+        std::process::id()
+    );
     for name in ["a", "b"] {
         text.push_str(&format!(
             "[[site]]\nname = \"{name}\"\naddr = \"127.0.0.1:{}\"\nsocket = \"{}\"\n",

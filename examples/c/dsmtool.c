@@ -6,6 +6,9 @@
  *     g       get KEY (waiting up to 10 s for it to exist) and attach it
  *     w P V   write V into page P (words 0 and 1: value and its copy)
  *     r P     read page P and print "r P V" (exit 3 if the copy is torn)
+ *     R P     timed read: print "R P V T0 T1", T0 and T1 CLOCK_MONOTONIC ns
+ *             around the access (for the fault tests' history checks)
+ *     T P V   timed write: print "T P V T0 T1" once the write is done
  *     W P V   wait (up to 20 s) until page P holds V, then print "W P V"
  *     s MS    sleep MS milliseconds
  *     p TEXT  print TEXT
@@ -28,6 +31,12 @@
 #include <unistd.h>
 
 #define PAGE 4096
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 
 int main(int argc, char **argv) {
     if (argc < 3) {
@@ -62,6 +71,28 @@ int main(int argc, char **argv) {
                 printf("torn page %d: %ld %ld\n", p, v, v2);
                 return 3;
             }
+            continue;
+        } else if (!strcmp(op, "R") && i + 1 < argc) {
+            int p = atoi(argv[++i]);
+            volatile long *w = (volatile long *)(base + (size_t)p * PAGE);
+            long long t0 = now_ns();
+            long v = w[0], v2 = w[1];
+            long long t1 = now_ns();
+            if (v != v2) {
+                printf("torn page %d: %ld %ld\n", p, v, v2);
+                return 3;
+            }
+            printf("R %d %ld %lld %lld\n", p, v, t0, t1);
+            continue;
+        } else if (!strcmp(op, "T") && i + 2 < argc) {
+            int p = atoi(argv[++i]);
+            long v = atol(argv[++i]);
+            volatile long *w = (volatile long *)(base + (size_t)p * PAGE);
+            long long t0 = now_ns();
+            w[0] = v;
+            w[1] = v;
+            long long t1 = now_ns();
+            printf("T %d %ld %lld %lld\n", p, v, t0, t1);
             continue;
         } else if (!strcmp(op, "W") && i + 2 < argc) {
             int p = atoi(argv[++i]);

@@ -65,6 +65,7 @@
 //! write-protects them and waits for the daemon's answer. A raw `clone`
 //! or `vfork` is not re-armed.
 
+mod daemon_gone;
 pub mod proto;
 
 // The daemon's userfaultfd wrapper, one definition for both.
@@ -810,6 +811,17 @@ fn service(c: &'static Client) {
     // The daemon is gone: callers and sleeping faulters fail.
     DEAD.store(true, Ordering::Release);
     c.cv.notify_all();
+    // On the userfaultfd path nobody else will read this process's faults.
+    if let Some(u) = current_uffd() {
+        daemon_gone::serve_faults(u, || {
+            c.maps
+                .lock()
+                .expect("maps")
+                .values()
+                .map(|m| (m.base, m.len))
+                .collect()
+        });
+    }
 }
 
 fn attach_ok(c: &Client, m: LocalMsg, fd: Option<OwnedFd>) {

@@ -20,8 +20,11 @@
 //! The handshake ([`Hello`]) is the first frame on every connection: the
 //! protocol version, the cluster id and the sending site's incarnation (a
 //! number that grows each time a site restarts under the same name).
-//! There is no authentication: any process that can reach the port and
-//! knows the cluster id is trusted.
+//! With a cluster key (issue #23) these frames travel only inside the
+//! Noise channel of `runtime::handshake`, after both ends proved the key:
+//! a hello, and so an incarnation, cannot come from outside the cluster.
+//! Under `insecure = true` they travel bare, and anyone who reaches the
+//! port and knows the cluster id is trusted.
 
 use crate::core::{Msg, SegmentId, SiteId};
 use serde::{Deserialize, Serialize};
@@ -176,8 +179,44 @@ pub enum WireError {
     UnknownSite(SiteId),
     #[error("stale incarnation {got} of site {site:?} (already saw {seen})")]
     StaleIncarnation { site: SiteId, got: u64, seen: u64 },
+    #[error("the peer did not prove the cluster key ({0})")]
+    Unauthenticated(String),
+    #[error("a frame failed authentication (forged, replayed, reordered or corrupted on the way)")]
+    Forged,
+    #[error("no handshake within {0:.1} s")]
+    HandshakeTimeout(f64),
+    #[error(
+        "the peer authenticates with a cluster key, this site runs insecure = true: both ends need the same setting"
+    )]
+    InsecureMismatch,
     #[error("i/o: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+/// The error a decrypting reader returns (as `io::ErrorKind::InvalidData`)
+/// for a record whose tag does not verify; [`read_frame`] names it
+/// [`WireError::Forged`].
+#[derive(Debug)]
+pub struct AuthFailure;
+
+impl std::fmt::Display for AuthFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("authentication tag mismatch")
+    }
+}
+
+impl std::error::Error for AuthFailure {}
+
+impl From<io::Error> for WireError {
+    fn from(e: io::Error) -> WireError {
+        if e.kind() == io::ErrorKind::InvalidData
+            && e.get_ref().is_some_and(|x| x.is::<AuthFailure>())
+        {
+            WireError::Forged
+        } else {
+            WireError::Io(e)
+        }
+    }
 }
 
 impl WireError {
@@ -199,6 +238,10 @@ impl WireError {
             WireError::WrongCluster { .. } => "wrong-cluster",
             WireError::UnknownSite(_) => "unknown-site",
             WireError::StaleIncarnation { .. } => "stale-incarnation",
+            WireError::Unauthenticated(_) => "unauthenticated",
+            WireError::Forged => "forged",
+            WireError::HandshakeTimeout(_) => "handshake-timeout",
+            WireError::InsecureMismatch => "insecure-mismatch",
             WireError::Io(_) => "io",
         }
     }
@@ -266,7 +309,7 @@ fn fill(
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 return Err(WireError::Truncated { stage });
             }
-            Err(e) => return Err(WireError::Io(e)),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

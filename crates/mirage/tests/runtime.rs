@@ -444,10 +444,12 @@ fn run_site_starts_from_a_config_file_and_stops() {
     let dir = std::env::temp_dir().join(format!("mirage-site-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cluster.toml");
+    let _ = std::fs::remove_file(dir.join("cluster.key"));
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
     std::fs::write(
         &path,
         format!(
-            "cluster_id = 11\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\n\
+            "cluster_id = 11\nkey_file = \"cluster.key\"\n[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\n\
              [[key]]\nkey = 1\ndelta_ticks = 2\n"
         ),
     )
@@ -478,8 +480,7 @@ fn child_site_b() {
     let Ok(path) = std::env::var("MIRAGE_CHILD_CONFIG") else {
         return;
     };
-    let text = std::fs::read_to_string(path).unwrap();
-    let config = mmulab_mirage::runtime::ClusterConfig::parse(&text).unwrap();
+    let config = mmulab_mirage::runtime::ClusterConfig::load(std::path::Path::new(&path)).unwrap();
     let node = mmulab_mirage::runtime::Node::start(config, "b", NodeOptions::default()).unwrap();
     let b = mmulab_mirage::runtime::shm::Dsm::new(node);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -536,18 +537,18 @@ fn two_processes_share_a_segment_coherently() {
     let dir = std::env::temp_dir().join(format!("mirage-2proc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cluster.toml");
+    let _ = std::fs::remove_file(dir.join("cluster.key"));
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
     std::fs::write(
         &path,
         format!(
-            "cluster_id = 12\n[[site]]\nname = \"a\"\naddr = \"{}\"\n\
+            "cluster_id = 12\nkey_file = \"cluster.key\"\n[[site]]\nname = \"a\"\naddr = \"{}\"\n\
              [[site]]\nname = \"b\"\naddr = \"127.0.0.1:{port_b}\"\n",
             la.local_addr().unwrap()
         ),
     )
     .unwrap();
-    let config =
-        mmulab_mirage::runtime::ClusterConfig::parse(&std::fs::read_to_string(&path).unwrap())
-            .unwrap();
+    let config = mmulab_mirage::runtime::ClusterConfig::load(&path).unwrap();
     let node = mmulab_mirage::runtime::Node::start_with_listener(
         config,
         SiteId(0),
@@ -590,15 +591,19 @@ fn two_processes_share_a_segment_coherently() {
 
 /// Peers with a wrong cluster id, a stale incarnation, or that vanish
 /// mid-frame are logged by name with the reason and dropped; the core
-/// never sees the partial page.
+/// never sees the partial page. These peers hold the cluster key (a
+/// member misbehaving); strangers without it are refused earlier
+/// (`tests/findings.rs`).
 #[test]
 fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
     use mmulab_mirage::core::{Access, Msg, PageNo, SegmentId};
-    use mmulab_mirage::wire::{self, Frame, Hello, Limits};
-    use std::io::Write;
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::wire::{self, Frame, Hello};
     let (a, _b) = two_sites(NodeOptions::default()).unwrap();
     let addr = a.node().local_addr();
-    let cluster_id = a.node().config().cluster_id;
+    let config = a.node().config().clone();
+    let key = config.cluster_key.as_ref();
+    let cluster_id = config.cluster_id;
     let hello = |cluster_id: u64, incarnation: u64| Hello {
         version: wire::PROTOCOL_VERSION,
         cluster_id,
@@ -618,16 +623,12 @@ fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
         }
     };
     // Wrong cluster.
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id ^ 1, u64::MAX - 1))).unwrap();
+    assert!(MemberConn::dial(addr, key, hello(cluster_id ^ 1, u64::MAX - 1), 2).is_err());
     wait_for("wrong-cluster");
     // A newer incarnation of b, then an older one: stale.
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut s, Frame::Hello(hello(cluster_id, u64::MAX - 1))).unwrap();
-    let answer = wire::read_frame(&mut s, &Limits::default()).unwrap();
-    assert!(matches!(answer, Frame::Hello(h) if h.site == SiteId(0)));
-    let mut old = std::net::TcpStream::connect(addr).unwrap();
-    wire::write_frame(&mut old, Frame::Hello(hello(cluster_id, 1))).unwrap();
+    let mut s = MemberConn::dial(addr, key, hello(cluster_id, u64::MAX - 1), 2).unwrap();
+    assert_eq!(s.answer.site, SiteId(0));
+    assert!(MemberConn::dial(addr, key, hello(cluster_id, 1), 2).is_err());
     wait_for("stale-incarnation");
     // Half a page frame, then the peer vanishes.
     let page = Msg::Page {
@@ -644,7 +645,7 @@ fn bad_handshakes_and_truncated_frames_are_dropped_by_name() {
         clock_of: None,
     };
     let bytes = wire::encode(Frame::Core(page));
-    s.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    s.send_plain(&bytes[..bytes.len() / 2]).unwrap();
     drop(s);
     let line = wait_for("truncated");
     assert!(line.contains("site b"), "{line}");
@@ -744,4 +745,153 @@ fn the_mprotect_fallback_keeps_coherence() {
     }
     a.shmdt(pa as *mut u8).unwrap();
     b.shmdt(pb as *mut u8).unwrap();
+}
+
+/// A peer with another cluster key is logged with its address and closed;
+/// nothing changes at the site (issue #23).
+#[test]
+fn a_peer_with_another_key_is_logged_with_its_address_and_changes_nothing() {
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::runtime::key::ClusterKey;
+    use mmulab_mirage::wire::{self, Hello};
+    let (a, b) = two_sites(NodeOptions::default()).unwrap();
+    let id = a.shmget(0x5151, page(), IPC_CREAT | 0o600).unwrap();
+    let p = a.shmat(id, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    unsafe { std::ptr::write_volatile(p as *mut u64, 77) };
+    let before = a.node().status_text();
+    let other = ClusterKey::random().unwrap();
+    let hello = Hello {
+        version: wire::PROTOCOL_VERSION,
+        cluster_id: a.node().config().cluster_id,
+        site: SiteId(1),
+        name: "b".into(),
+        incarnation: u64::MAX,
+    };
+    let e = MemberConn::dial(a.node().local_addr(), Some(&other), hello, 2)
+        .err()
+        .expect("another key is refused");
+    assert_eq!(e.reason(), "unauthenticated", "{e}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        let d = a.node().dropped_peers();
+        if let Some(l) = d.iter().find(|l| l.contains("unauthenticated")) {
+            break l.clone();
+        }
+        assert!(Instant::now() < deadline, "no drop line: {d:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(line.starts_with("peer 127.0.0.1:"), "{line}");
+    // Nothing changed: same sites' view, the page still here, b still in.
+    let strip = |s: &str| -> String {
+        s.lines()
+            .filter(|l| !l.contains("heard"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(strip(&a.node().status_text()), strip(&before));
+    // SAFETY: as above.
+    assert_eq!(unsafe { std::ptr::read_volatile(p as *const u64) }, 77);
+    let idb = b.shmget(0x5151, page(), 0o600).unwrap();
+    let pb = b.shmat(idb, None, 0).unwrap();
+    // SAFETY: a live attach mapping.
+    assert_eq!(unsafe { std::ptr::read_volatile(pb as *const u64) }, 77);
+    a.shmdt(p).unwrap();
+    b.shmdt(pb).unwrap();
+}
+
+/// An authenticated peer that goes silent (not even a heartbeat) past
+/// the peer timeout has its connection closed (issue #23, finding 4).
+#[test]
+fn an_idle_authenticated_peer_is_closed_after_the_peer_timeout() {
+    use mmulab_mirage::runtime::handshake::MemberConn;
+    use mmulab_mirage::runtime::{ClusterConfig, Node};
+    use mmulab_mirage::wire::{self, Hello};
+    use std::io::Read;
+    let la = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let absent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = ClusterConfig::loopback(
+        std::process::id() as u64 ^ 0x1d1e,
+        &[la.local_addr().unwrap(), absent.local_addr().unwrap()],
+    );
+    let options = NodeOptions {
+        peer_timeout: Duration::from_millis(800),
+        ..NodeOptions::default()
+    };
+    let key = config.cluster_key.clone();
+    let cluster_id = config.cluster_id;
+    let a = Node::start_with_listener(config, SiteId(0), la, options).unwrap();
+    let hello = Hello {
+        version: wire::PROTOCOL_VERSION,
+        cluster_id,
+        site: SiteId(1),
+        name: "b".into(),
+        incarnation: 1,
+    };
+    let conn = MemberConn::dial(a.local_addr(), key.as_ref(), hello, 2).unwrap();
+    assert_eq!(a.connection_count().open, 1);
+    let t = Instant::now();
+    let mut s = conn.stream();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "still open");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    assert!(
+        a.dropped_peers()
+            .iter()
+            .any(|l| l.contains("site b") && l.contains("idle")),
+        "{:?}",
+        a.dropped_peers()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.connection_count().open != 0 {
+        assert!(Instant::now() < deadline, "the connection is still held");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    a.stop();
+}
+
+/// `mmulab dsm site` warns at every start under `insecure = true`, and
+/// refuses a key file that group or others may read, naming it.
+#[test]
+fn run_site_warns_when_insecure_and_refuses_an_open_key_file() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::AtomicBool;
+    let dir = std::env::temp_dir().join(format!("mirage-insecure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let site = format!(
+        "[[site]]\nname = \"a\"\naddr = \"127.0.0.1:{port}\"\nsocket = \"{}\"\n",
+        dir.join("a.sock").display()
+    );
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, format!("cluster_id = 13\ninsecure = true\n{site}")).unwrap();
+    let stop = AtomicBool::new(true);
+    let mut lines = Vec::new();
+    mmulab_mirage::runtime::cli::run_site(&path, "a", &stop, &mut |l| lines.push(l.to_string()))
+        .unwrap();
+    assert!(
+        lines[0].starts_with("warning: ") && lines[0].contains("insecure = true"),
+        "{lines:?}"
+    );
+    mmulab_mirage::runtime::key::ClusterKey::generate(&dir.join("cluster.key")).unwrap();
+    std::fs::set_permissions(
+        dir.join("cluster.key"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::write(
+        &path,
+        format!("cluster_id = 13\nkey_file = \"cluster.key\"\n{site}"),
+    )
+    .unwrap();
+    let e = mmulab_mirage::runtime::cli::run_site(&path, "a", &stop, &mut |_| {}).unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("cluster.key") && e.contains("0640"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -579,7 +579,7 @@ impl Deaths {
         let source = std::fs::read_to_string(repo().join("examples/c/dsmtool.c")).unwrap();
         let tool = cc(&dir, "dsmtool", &source, &[])?;
         let config = dir.join("cluster.toml");
-        let mut text = format!("cluster_id = {}\n", std::process::id());
+        let mut text = format!("cluster_id = {}\ninsecure = true\n", std::process::id());
         for s in ["a", "b"] {
             text.push_str(&format!(
                 "[[site]]\nname = \"{s}\"\naddr = \"127.0.0.1:{}\"\nsocket = \"{}\"\n",

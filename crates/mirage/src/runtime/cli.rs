@@ -1,4 +1,5 @@
-//! Clap-free entry points for `mmulab dsm site`, `run`, `status` and `bench`.
+//! Clap-free entry points for `mmulab dsm site`, `run`, `status`, `bench`,
+//! `keygen` and `proxy`.
 //! They return text or reports; the binary prints.
 
 use super::bench::{self, BenchError, BenchReport};
@@ -78,10 +79,21 @@ pub fn run_site(
     stop: &AtomicBool,
     log: &mut dyn FnMut(&str),
 ) -> Result<(), CliError> {
-    let cluster = load(config)?;
+    // The key file too (parse alone does not read it).
+    let cluster = ClusterConfig::load(config).map_err(|e| CliError::Config {
+        path: config.display().to_string(),
+        message: e.to_string(),
+    })?;
     let me = pick_site(&cluster, config, Some(name))?;
     let socket = cluster.socket_path(me);
     catch_stop_signals();
+    if cluster.insecure {
+        log(&format!(
+            "warning: {}: insecure = true: no authentication; anyone who can reach {} can read and write this cluster's shared memory (make a key: mmulab dsm keygen -o cluster.key, then key_file = \"cluster.key\")",
+            config.display(),
+            cluster.sites[me.0 as usize].addr
+        ));
+    }
     log(&super::fault::probe().describe());
     let node = Node::start(cluster, name, NodeOptions::default())?;
     log(&format!(
@@ -98,6 +110,43 @@ pub fn run_site(
     server.stop();
     dsm.shutdown();
     log(&format!("site {name} stopped"));
+    Ok(())
+}
+
+/// `mmulab dsm keygen -o FILE`: a new cluster key (256 random bits, mode
+/// 0600; an existing file is never overwritten). Returns the line to print.
+pub fn keygen(out: &Path) -> Result<String, CliError> {
+    super::key::ClusterKey::generate(out).map_err(|e| CliError::Usage(e.to_string()))?;
+    Ok(format!(
+        "wrote a new cluster key to {} (mode 0600); name it in cluster.toml: key_file = \"{}\", and copy it to every site over a channel you trust",
+        out.display(),
+        out.file_name().map_or(out.display().to_string(), |f| f
+            .to_string_lossy()
+            .into_owned())
+    ))
+}
+
+/// `mmulab dsm proxy --listen ADDR --to ADDR [--delay MS] [--drop P]
+/// [--cut-after BYTES] [--seed S]`: runs the fault-injecting proxy until
+/// `stop` (or SIGINT/SIGTERM). `log` gets the start line, with the seed.
+pub fn run_proxy(
+    listen: std::net::SocketAddr,
+    to: std::net::SocketAddr,
+    faults: super::proxy::Faults,
+    stop: &AtomicBool,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), CliError> {
+    catch_stop_signals();
+    let proxy = super::proxy::Proxy::start_on(listen, to, faults)?;
+    log(&proxy.describe());
+    while !stop.load(Ordering::SeqCst) && !SIGNALLED.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats = proxy.stats();
+    log(&format!(
+        "proxy stopped: {} connections, {} bytes forwarded, {} chunks dropped, {} connections cut",
+        stats.connections, stats.bytes, stats.dropped_chunks, stats.cuts
+    ));
     Ok(())
 }
 

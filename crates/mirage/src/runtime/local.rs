@@ -414,12 +414,22 @@ impl Drop for LocalServer {
 fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>, admission: Admission) {
     let site = dsm.node().config().name(dsm.node().site()).to_string();
     let mut refused = 0u64;
+    // Issue #23, finding 5: an accept error (EMFILE) ended this loop for
+    // good while peers still saw the site alive. Errors back off and are
+    // retried; only a stop ends the loop.
+    let mut backoff = super::listener::ACCEPT_BACKOFF_MIN;
     while !stop.load(Ordering::SeqCst) {
         let sock = match rustix::net::accept_with(&*listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(s) => s,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(_) => break,
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::CONNABORTED) => continue,
+            Err(_) if stop.load(Ordering::SeqCst) => break,
+            Err(_) => {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(super::listener::ACCEPT_BACKOFF_MAX);
+                continue;
+            }
         };
+        backoff = super::listener::ACCEPT_BACKOFF_MIN;
         let Ok(cred) = rustix::net::sockopt::socket_peercred(&sock) else {
             continue;
         };

@@ -2,7 +2,17 @@
 //! driven by std threads, blocking TCP and real page faults.
 //!
 //! - [`config`] — the `cluster.toml` file.
-//! - [`node`] — the site daemon (core thread, listener, readers, fault thread).
+//! - [`node`] — the site daemon: start, stop, its options and counters.
+//! - [`key`] — the cluster key (`mmulab dsm keygen`, the key file's checks).
+//! - [`listener`] — accepting peers, bounded (issue #23, findings 4, 5).
+//! - [`handshake`] — Noise under the cluster key, then the hellos
+//!   (issue #23, findings 1-3).
+//! - [`peer`] — per-peer I/O: inbound readers, outgoing senders.
+//! - [`core_loop`] — the core thread and the dispatch of every input.
+//! - [`fault_paths`] — faults in, failures out (lost pages, dead peers).
+//! - [`directory`] — the System V key directory on the first site.
+//! - [`proxy`] — `mmulab dsm proxy`: delay, loss and cuts between sites.
+//! - [`history`] — per-page sequential consistency of a fault test's history.
 //! - [`mem`] — one memfd per segment, a service mapping and attach mappings.
 //! - [`fault`] — typed faults by mprotect + SIGSEGV; the path choice and probe.
 //! - [`uffd`] — typed faults by userfaultfd (missing + write-protect).
@@ -19,14 +29,23 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub(crate) mod core_loop;
 pub mod creds;
+pub(crate) mod directory;
 pub mod fault;
+pub(crate) mod fault_paths;
+pub mod handshake;
+pub mod history;
+pub mod key;
+pub mod listener;
 pub mod local;
 /// The shim's local protocol, one file shared with `crates/mirage-shim`.
 #[path = "../../../mirage-shim/src/proto.rs"]
 pub mod local_proto;
 pub mod mem;
 pub mod node;
+pub(crate) mod peer;
+pub mod proxy;
 pub mod shm;
 pub mod sweep;
 pub mod sysv;

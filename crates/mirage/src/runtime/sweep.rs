@@ -116,9 +116,20 @@ fn pin(cpu: usize) -> Result<(), String> {
     sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| format!("pin to cpu {cpu}: {e}"))
 }
 
+/// The environment variable that hands a sweep child its cluster key.
+pub const KEY_ENV: &str = "MMULAB_DSM_BENCH_KEY";
+
 /// The child's side: `mmulab dsm bench-site --job JSON`, listener on fd 3.
 pub fn site_main(job: &str) -> Result<(), String> {
-    let job: SiteJob = serde_json::from_str(job).map_err(|e| format!("job: {e}"))?;
+    let mut job: SiteJob = serde_json::from_str(job).map_err(|e| format!("job: {e}"))?;
+    if let Some(hex) = std::env::var_os(KEY_ENV) {
+        let key = super::key::ClusterKey::from_hex(&hex.to_string_lossy())
+            .ok_or_else(|| format!("{KEY_ENV}: not a cluster key"))?;
+        job.config.cluster_key = Some(key);
+        // SAFETY: no other thread exists yet (pinning and the daemon come
+        // later); the key must not reach this process's own children.
+        unsafe { std::env::remove_var(KEY_ENV) };
+    }
     // Pinned before any thread exists: every thread started below (the
     // daemon's and the program's) inherits the one CPU.
     if let Some(cpu) = job.cpu {
@@ -349,6 +360,11 @@ impl Children {
         use std::os::unix::process::CommandExt;
         let fd = listener.as_raw_fd();
         let mut cmd = Command::new(exe);
+        // The cluster key goes by the environment (readable by this user
+        // only), never on the command line (readable by everyone).
+        if let Some(k) = &job.config.cluster_key {
+            cmd.env(KEY_ENV, k.to_hex());
+        }
         cmd.args(["dsm", "bench-site", "--job"])
             .arg(serde_json::to_string(job).map_err(|e| e.to_string())?)
             .stdin(Stdio::piped())
