@@ -35,7 +35,10 @@ pub const MAGIC: [u8; 4] = *b"MIRG";
 /// Bumped on any change of the frame layout or of `Header`'s encoding.
 /// 2: `Ping` (heartbeats) added.
 /// 3: `Bye` (a clean close) added.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 4: the key directory carries each segment's origin (creator, owner,
+///    mode, size), and `Remove` (System V's IPC_RMID) travels; frames
+///    between sites ride the cluster key's Noise channel.
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const PREFIX_BYTES: usize = 16;
 
 /// Upper bounds checked before allocating. Every default is written here.
