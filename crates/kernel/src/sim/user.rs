@@ -238,10 +238,21 @@ fn run_batch<const MEM: bool>(
     let park_inflight = MEM && w.park_inflight;
     let l1_hit = w.l1_hit;
     let mut more = b.pos < refs.count;
+    // The page and TLB slot the last reference translated through, while
+    // the batch stays on that page (flat memory only; see `translate_again`).
+    let mut last: Option<(Vpn, usize)> = None;
     while more && w.cpus[ci].local < end {
         let va = b.va;
-        match translate::<MEM>(w, cpu, tid, va, store) {
+        let vpn = Vpn(va >> PAGE_SHIFT);
+        let tr = match last {
+            Some((v, slot)) if !MEM && v == vpn => translate_again(w, cpu, tid, va, store, slot),
+            _ => None,
+        };
+        match tr.map_or_else(|| translate::<MEM>(w, cpu, tid, va, store), Ok) {
             Ok((pfn, slot)) => {
+                if !MEM {
+                    last = Some((vpn, slot));
+                }
                 let off = (va & (PAGE_SIZE - 1)) & !7;
                 if MEM && off + refs.stride < PAGE_SIZE {
                     // the next reference of a sweep, while the caches work
@@ -335,6 +346,55 @@ fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> 
     }
     w.refs += 1 + matches!(kind, RefKind::Increment) as u64;
     loaded
+}
+
+/// The next reference of a batch on the page its last reference
+/// translated through `slot`, on flat memory: between the two, only this
+/// CPU ran, and only its own loop touched the world, through references
+/// that neither write page tables (a user store to a table frame is a wild
+/// access and changes nothing) nor touch the TLB beyond the lookup's hit
+/// bookkeeping. So the entry in `slot` is the one a lookup would find,
+/// and it is used as `translate` would use it: the hit recorded, the
+/// oracle checking the use (the count of checked uses is unchanged). A
+/// store through an entry that is not yet writable and dirty goes the
+/// full way (`None`), since that path walks and may trap. With a cache
+/// hierarchy (not this path) a PCAM or the ideal check can invalidate the
+/// entry between references.
+#[inline(always)]
+fn translate_again(
+    w: &mut World,
+    cpu: CpuId,
+    tid: ThreadId,
+    va: u64,
+    store: bool,
+    slot: usize,
+) -> Option<(mmulab_machine::Pfn, usize)> {
+    let ci = cpu.index();
+    let e = *w.cpus[ci].tlb.entry(slot);
+    if !e.valid || (store && !(e.writable && e.dirty)) {
+        return None;
+    }
+    debug_assert_eq!(
+        e.vpn,
+        Vpn(va >> PAGE_SHIFT),
+        "the batch is on the entry's page"
+    );
+    debug_assert!(
+        {
+            let pmap = if va >= KERNEL_BASE {
+                Some(KERNEL_PMAP)
+            } else {
+                w.cpus[ci].pmap
+            };
+            pmap.is_some_and(|p| {
+                w.cpus[ci].tlb.probe(e.vpn, w.pmaps[p.0 as usize].asid) == Some(slot)
+            })
+        },
+        "a lookup would find the same slot"
+    );
+    w.cpus[ci].tlb.hit_again(slot);
+    check_hit(w, cpu, tid, va, &e, store);
+    Some((e.pfn, slot))
 }
 
 /// Retires `cpu`'s access in flight, if any (romanescu10 §5.1): if a PCAM
