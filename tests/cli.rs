@@ -251,6 +251,47 @@ fn bench_json_reports_refs_per_second() {
     }
 }
 
+/// `bench --compare` prints the ratio to a saved result (JSON `compare`),
+/// and refuses a saved result of another stride, naming the key, before
+/// it runs anything.
+#[test]
+fn bench_compare_prints_the_ratio_and_refuses_another_stride() {
+    let d = tmp("bench-compare");
+    let small = ["--runs", "1", "--refs-per-thread", "20000"];
+    let o = mmulab(&[&["bench", "--json"][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = d.join("ref.json");
+    std::fs::write(&saved, &o.stdout).unwrap();
+    let saved_rate =
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["refs_per_second"]
+            .as_f64()
+            .unwrap();
+    let reference = saved.to_str().unwrap();
+    let o = mmulab(&[&["bench", "--json", "--compare", reference][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &r["compare"];
+    assert_eq!(c["refs_per_second"].as_f64(), Some(saved_rate));
+    let expect = r["refs_per_second"].as_f64().unwrap() / saved_rate;
+    assert!((c["ratio"].as_f64().unwrap() - expect).abs() < 1e-12, "{c}");
+    let o = mmulab(&[&["bench", "--compare", reference][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("x {reference}")),
+        "{}",
+        stdout(&o)
+    );
+    let o = mmulab(
+        &[
+            &["bench", "--stride", "64", "--compare", reference][..],
+            &small,
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("`stride_bytes`"), "{}", stderr(&o));
+}
+
 /// A stride that is not a whole number of words is refused, naming the key.
 #[test]
 fn bench_refuses_a_stride_off_word_boundaries() {
