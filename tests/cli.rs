@@ -380,6 +380,56 @@ fn trace_sim_json_and_malformed_lines() {
     assert!(e.contains("bad.log:2") && e.contains("Q junk"), "{e}");
 }
 
+/// `trace sim` with lists prints one row per configuration (entries, then
+/// ways, then policy), each equal to a separate run of that configuration.
+#[test]
+fn trace_sim_lists_equal_separate_runs() {
+    let trace = "crates/trace/tests/fixtures/synthetic.lackey.log";
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        trace,
+        "--entries",
+        "16,64",
+        "--ways",
+        "1,full",
+        "--policy",
+        "lru,fifo",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    let mut i = 0;
+    for entries in ["16", "64"] {
+        for ways in ["1", "full"] {
+            for policy in ["lru", "fifo"] {
+                let mut args = vec!["trace", "sim", trace, "--entries", entries];
+                if ways != "full" {
+                    args.extend(["--ways", ways]);
+                }
+                args.extend(["--policy", policy, "--json"]);
+                let o = mmulab(&args);
+                assert!(o.status.success(), "{}", stderr(&o));
+                let alone: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                assert_eq!(rows[i], alone, "{entries} {ways} {policy}");
+                i += 1;
+            }
+        }
+    }
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        trace,
+        "--entries",
+        "16,64",
+        "--ways",
+        "1,full",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 4, "{}", stdout(&o));
+}
+
 #[test]
 fn dsm_bench_quick_json_has_the_contract_keys() {
     let o = mmulab(&["dsm", "bench", "--quick", "--json"]);
