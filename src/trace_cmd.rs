@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use mmulab_trace::bench::{BenchOptions, Workload, bench};
 use mmulab_trace::export::{ExportFormat, export};
-use mmulab_trace::{ReadOptions, SimOptions, simulate, stack_sim};
+use mmulab_trace::{ReadOptions, simulate, stack_sim};
 
 #[derive(Subcommand)]
 pub enum TraceCommand {
