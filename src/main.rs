@@ -88,10 +88,16 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         stride: u64,
         /// Print JSON: refs_per_second (the median), samples, runs,
-        /// workload, stride_bytes, machine, profile and memory (hit rates;
-        /// null on flat memory).
+        /// workload, workload_kind, stride_bytes, machine, profile, memory
+        /// (hit rates; null on flat memory) and compare (null without
+        /// --compare).
         #[arg(long)]
         json: bool,
+        /// A saved `mmulab bench --json` result of the same workload and
+        /// stride: print this run's ratio to it (JSON: `compare`). Never
+        /// fails on the ratio, only on a file it cannot compare with.
+        #[arg(long, value_name = "REF.json")]
+        compare: Option<String>,
     },
     /// Reproduce a paper's evaluation: paper vs mmulab, side by side, each
     /// row with its basis (input, calibrated, arithmetic, emergent). Exits
@@ -403,6 +409,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             workload,
             stride,
             json,
+            compare,
         } => {
             let sets = vec![
                 format!("workload.refs_per_thread={refs_per_thread}"),
@@ -422,6 +429,18 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ),
             };
             let spec = Spec::parse(&text, &sets, "bench")?;
+            let about = format!("{about}, {stride}-byte stride");
+            // Read before the runs, so that a bad file costs no time.
+            let reference = match &compare {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("bench --compare {path}"))?;
+                    Some(mmulab_experiment::bench::read_reference(
+                        path, &text, &workload, stride,
+                    )?)
+                }
+                None => None,
+            };
             let mut rates = Vec::new();
             let mut memory = None;
             let pb = bar(runs as u64, "bench");
@@ -437,16 +456,25 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             pb.finish_and_clear();
             let median = mmulab_engine::stats::summarize(&rates).median;
-            let about = format!("{about}, {stride}-byte stride");
+            let compared = match (&compare, &reference) {
+                (Some(path), Some(r)) => serde_json::json!({
+                    "file": path,
+                    "refs_per_second": r.refs_per_second,
+                    "ratio": median / r.refs_per_second,
+                }),
+                _ => serde_json::Value::Null,
+            };
             let out = serde_json::json!({
                 "refs_per_second": median,
                 "samples": rates,
                 "runs": runs,
                 "workload": about,
+                "workload_kind": workload,
                 "stride_bytes": stride,
                 "machine": mmulab_experiment::run::machine_description(),
                 "profile": if cfg!(debug_assertions) { "debug" } else { "release" },
                 "memory": memory,
+                "compare": compared,
             });
             if json {
                 println!("{out}");
@@ -456,6 +484,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     median / 1e6,
                     if runs == 1 { "" } else { "s" }
                 );
+                if let (Some(path), Some(r)) = (&compare, &reference) {
+                    println!(
+                        "{:.2}x {path} ({:.1} M/s there; above 1 is faster)",
+                        median / r.refs_per_second,
+                        r.refs_per_second / 1e6
+                    );
+                }
                 if let Some(m) = &memory {
                     println!(
                         "references: {:.1}% hit L1D, {:.1}% of L2 lookups hit, {:.0} simulated cycles each",

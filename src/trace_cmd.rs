@@ -6,22 +6,26 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use mmulab_trace::bench::{BenchOptions, Workload, bench};
 use mmulab_trace::export::{ExportFormat, export};
-use mmulab_trace::{ReadOptions, SimOptions, simulate, stack_sim};
+use mmulab_trace::{ReadOptions, simulate, stack_sim};
 
 #[derive(Subcommand)]
 pub enum TraceCommand {
-    /// Simulate one unified TLB over a trace (Valgrind lackey log or
-    /// mmulab binary trace).
+    /// Simulate a unified TLB over a trace (Valgrind lackey log or mmulab
+    /// binary trace). Lists (`--entries 16,32 --ways 1,full --policy
+    /// lru,fifo`) simulate every combination in one pass over the trace,
+    /// one row each (JSON: an array of the one-configuration objects).
     Sim {
         trace: PathBuf,
-        #[arg(long, default_value_t = 64)]
-        entries: u32,
-        /// Associativity; equal to --entries (the default) is fully associative.
-        #[arg(long)]
-        ways: Option<u32>,
-        /// lru, fifo or random.
-        #[arg(long, default_value = "lru")]
-        policy: String,
+        /// Entries, or a comma-separated list.
+        #[arg(long, value_delimiter = ',', default_value = "64")]
+        entries: Vec<u32>,
+        /// Associativity: a number or `full`, or a list; the default (and
+        /// a number equal to --entries) is fully associative.
+        #[arg(long, value_delimiter = ',')]
+        ways: Vec<String>,
+        /// lru, fifo or random, or a list.
+        #[arg(long, value_delimiter = ',', default_value = "lru")]
+        policy: Vec<String>,
         #[arg(long, default_value_t = 4096)]
         page_size: u64,
         /// Seed of the random policy.
@@ -104,31 +108,48 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             allow_truncated,
             json,
         } => {
-            let policy = policy.parse().map_err(code)?;
-            let o = SimOptions {
-                entries,
-                ways,
-                policy,
-                page_size,
-                seed,
+            let ways = if ways.is_empty() {
+                vec![None]
+            } else {
+                ways.iter()
+                    .map(|w| mmulab_trace::parse_ways(w))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(code)?
             };
-            let r = simulate(&trace, &o, &ReadOptions { allow_truncated }).map_err(code)?;
-            for w in &r.warnings {
+            let policies = policy
+                .iter()
+                .map(|p| p.trim().parse())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(code)?;
+            let configs =
+                mmulab_trace::grid(&entries, &ways, &policies, page_size, seed).map_err(code)?;
+            let read = ReadOptions { allow_truncated };
+            // One configuration keeps the one-configuration path and output.
+            let rs = match configs.as_slice() {
+                [o] => vec![simulate(&trace, o, &read).map_err(code)?],
+                _ => mmulab_trace::sweep(&trace, &configs, &read).map_err(code)?,
+            };
+            for w in rs.first().map_or(&[][..], |r| &r.warnings[..]) {
                 eprintln!("warning: {w}");
             }
             if json {
-                println!("{}", serde_json::to_string(&r)?);
+                match rs.as_slice() {
+                    [r] => println!("{}", serde_json::to_string(r)?),
+                    _ => println!("{}", serde_json::to_string(&rs)?),
+                }
             } else {
-                println!(
-                    "{} entries, {}-way, {}, {}-byte pages: {} refs, {} misses ({:.4}%)",
-                    r.entries,
-                    r.ways,
-                    r.policy,
-                    r.page_size,
-                    r.refs,
-                    r.misses,
-                    100.0 * r.miss_rate
-                );
+                for r in &rs {
+                    println!(
+                        "{} entries, {}-way, {}, {}-byte pages: {} refs, {} misses ({:.4}%)",
+                        r.entries,
+                        r.ways,
+                        r.policy,
+                        r.page_size,
+                        r.refs,
+                        r.misses,
+                        100.0 * r.miss_rate
+                    );
+                }
             }
         }
         TraceCommand::Stack {

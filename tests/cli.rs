@@ -251,6 +251,47 @@ fn bench_json_reports_refs_per_second() {
     }
 }
 
+/// `bench --compare` prints the ratio to a saved result (JSON `compare`),
+/// and refuses a saved result of another stride, naming the key, before
+/// it runs anything.
+#[test]
+fn bench_compare_prints_the_ratio_and_refuses_another_stride() {
+    let d = tmp("bench-compare");
+    let small = ["--runs", "1", "--refs-per-thread", "20000"];
+    let o = mmulab(&[&["bench", "--json"][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let saved = d.join("ref.json");
+    std::fs::write(&saved, &o.stdout).unwrap();
+    let saved_rate =
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["refs_per_second"]
+            .as_f64()
+            .unwrap();
+    let reference = saved.to_str().unwrap();
+    let o = mmulab(&[&["bench", "--json", "--compare", reference][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &r["compare"];
+    assert_eq!(c["refs_per_second"].as_f64(), Some(saved_rate));
+    let expect = r["refs_per_second"].as_f64().unwrap() / saved_rate;
+    assert!((c["ratio"].as_f64().unwrap() - expect).abs() < 1e-12, "{c}");
+    let o = mmulab(&[&["bench", "--compare", reference][..], &small].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!("x {reference}")),
+        "{}",
+        stdout(&o)
+    );
+    let o = mmulab(
+        &[
+            &["bench", "--stride", "64", "--compare", reference][..],
+            &small,
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("`stride_bytes`"), "{}", stderr(&o));
+}
+
 /// A stride that is not a whole number of words is refused, naming the key.
 #[test]
 fn bench_refuses_a_stride_off_word_boundaries() {
@@ -337,6 +378,56 @@ fn trace_sim_json_and_malformed_lines() {
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(e.contains("bad.log:2") && e.contains("Q junk"), "{e}");
+}
+
+/// `trace sim` with lists prints one row per configuration (entries, then
+/// ways, then policy), each equal to a separate run of that configuration.
+#[test]
+fn trace_sim_lists_equal_separate_runs() {
+    let trace = "crates/trace/tests/fixtures/synthetic.lackey.log";
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        trace,
+        "--entries",
+        "16,64",
+        "--ways",
+        "1,full",
+        "--policy",
+        "lru,fifo",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    let mut i = 0;
+    for entries in ["16", "64"] {
+        for ways in ["1", "full"] {
+            for policy in ["lru", "fifo"] {
+                let mut args = vec!["trace", "sim", trace, "--entries", entries];
+                if ways != "full" {
+                    args.extend(["--ways", ways]);
+                }
+                args.extend(["--policy", policy, "--json"]);
+                let o = mmulab(&args);
+                assert!(o.status.success(), "{}", stderr(&o));
+                let alone: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                assert_eq!(rows[i], alone, "{entries} {ways} {policy}");
+                i += 1;
+            }
+        }
+    }
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        trace,
+        "--entries",
+        "16,64",
+        "--ways",
+        "1,full",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 4, "{}", stdout(&o));
 }
 
 #[test]

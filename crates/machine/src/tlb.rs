@@ -215,6 +215,20 @@ impl Tlb {
         found
     }
 
+    /// Records one more use of `slot`, which `lookup` found for the same
+    /// page with nothing in this TLB changed since: the same hit count and
+    /// LRU stamp a second `lookup` would leave, without searching again.
+    /// The hint is host-only state and stays as that `lookup` left it.
+    /// Callers check the precondition with `probe` in debug builds.
+    #[inline(always)]
+    pub fn hit_again(&mut self, slot: usize) {
+        self.hits += 1;
+        if self.cfg.policy == Policy::Lru {
+            self.clock += 1;
+            self.stamp[slot] = self.clock;
+        }
+    }
+
     /// Host-only hint: brings the TLB's own fields (sizes, masks, where
     /// its arrays are) closer, ahead of a `prefetch` or a lookup.
     #[inline]

@@ -37,7 +37,7 @@ pub use lackey::{LackeyDecoder, LackeySink, LineKind, PageSplitter, SyscallEvent
 pub use mattson::{StackResult, StackSim, stack_pass, stack_sim};
 pub use sim::{Policy, SimOptions, SimResult, Tlb};
 pub use source::{ReadOptions, RefSource, load_refs, open_trace, simulate};
-pub use sweep::{sweep, sweep_refs};
+pub use sweep::{grid, parse_ways, sweep, sweep_refs};
 
 use serde::{Deserialize, Serialize};
 

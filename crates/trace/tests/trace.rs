@@ -1091,3 +1091,42 @@ fn capture_releasing_parsed_log_bytes_still_reads_everything() {
     assert!(p.accesses > 100_000 && p.syscalls > 10);
     std::fs::remove_dir_all(&logs).ok();
 }
+
+/// `trace sim` with lists: the one-pass sweep over the grid gives, for each
+/// configuration, exactly what a separate one-configuration run gives.
+#[test]
+fn a_grid_swept_in_one_pass_equals_separate_runs() {
+    let configs = mmulab_trace::grid(
+        &[16, 32, 64, 128],
+        &[Some(1), Some(2), Some(4), None],
+        &[Policy::Lru, Policy::Fifo],
+        4096,
+        0,
+    )
+    .unwrap();
+    assert_eq!(configs.len(), 32);
+    let read = ReadOptions::default();
+    for name in ["synthetic.lackey.log", "fork-child.lackey.log"] {
+        let path = fixture(name);
+        let swept = mmulab_trace::sweep(&path, &configs, &read).unwrap();
+        assert_eq!(swept.len(), configs.len());
+        for (o, r) in configs.iter().zip(&swept) {
+            let alone = simulate(&path, o, &read).unwrap();
+            assert_eq!(r, &alone, "{name}: {o:?}");
+        }
+        assert!(
+            swept.iter().any(|r| r.misses > 0),
+            "{name}: the trace misses"
+        );
+    }
+}
+
+/// An invalid combination of the lists is refused, naming it.
+#[test]
+fn a_grid_names_an_invalid_combination() {
+    let e = mmulab_trace::grid(&[16, 8], &[Some(16)], &[Policy::Lru], 4096, 0).unwrap_err();
+    assert!(e.to_string().contains("--entries 8 with --ways 16"), "{e}");
+    assert_eq!(mmulab_trace::parse_ways("full").unwrap(), None);
+    assert_eq!(mmulab_trace::parse_ways("4").unwrap(), Some(4));
+    assert!(mmulab_trace::parse_ways("four").is_err());
+}

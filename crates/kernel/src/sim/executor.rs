@@ -1,0 +1,248 @@
+//! The event loop and the executor: kernel coroutines (one per CPU, polled
+//! only when that CPU's `Resume` event fires), interrupt arrival and the
+//! interrupt-disabled windows. Moved out of `sim.rs` unchanged.
+
+use super::*;
+
+/// A future that is pending once: it arms its CPU's resume event and is
+/// ready when that event fires.
+pub(super) struct Wake {
+    pub(super) armed: bool,
+}
+impl Future for Wake {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+        if self.armed {
+            Poll::Ready(())
+        } else {
+            self.armed = true;
+            Poll::Pending
+        }
+    }
+}
+
+impl Sim {
+    // ----- the executor -------------------------------------------------
+
+    /// Starts a kernel coroutine on `cpu` at time `at`.
+    pub(crate) fn spawn(&self, cpu: CpuId, at: Cycles, fut: KFuture<'static>) {
+        let mut roots = self.0.roots.borrow_mut();
+        assert!(
+            roots[cpu.index()].is_none(),
+            "{cpu} already runs a kernel coroutine"
+        );
+        roots[cpu.index()] = Some(fut);
+        drop(roots);
+        let mut w = self.w();
+        let c = &mut w.cpus[cpu.index()];
+        c.mode = Mode::Kernel;
+        c.resume_gen += 1;
+        let generation = c.resume_gen;
+        w.queue.push(at, Event::Resume { cpu, generation });
+        // New kernel work from user mode (a trap or an interrupt taken on
+        // the hot path) is the one kind of kernel event a spinner could not
+        // foresee: wake any spinner sleeping past it at the first iteration
+        // boundary after it, as if it had polled all along.
+        w.rearm_spinners(at);
+    }
+
+    fn poll_cpu(&self, cpu: CpuId) {
+        let fut = self.0.roots.borrow_mut()[cpu.index()].take();
+        let Some(mut fut) = fut else { return };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if fut.as_mut().poll(&mut cx).is_pending() {
+            self.0.roots.borrow_mut()[cpu.index()] = Some(fut);
+        }
+    }
+
+    // ----- the event loop ------------------------------------------------
+
+    /// Runs until every thread has exited, a program ends the run, the
+    /// watchdog fires or the time limit passes.
+    pub fn run(&self) -> SimResult {
+        let max = Cycles(self.w().cfg.max_cycles);
+        self.start_windows();
+        loop {
+            let ev = {
+                let mut w = self.w();
+                if w.stop {
+                    break;
+                }
+                // Kernel events, then spinners' wake-ups, then user slices
+                // at the same cycle.
+                let kernel = w.queue.peek_time();
+                let spin = w.spin_wakes.peek_time();
+                let slice = w.slices.peek_time();
+                // (Plain `Option` minima: a flattened array iterator here
+                // compiled to stack round trips on every event.)
+                let Some(next) = earliest(earliest(kernel, spin), slice) else {
+                    break;
+                };
+                if next > max {
+                    w.timed_out = true;
+                    break;
+                }
+                w.now = next;
+                if kernel == Some(next) {
+                    w.queue.pop().expect("peeked")
+                } else if spin == Some(next) {
+                    let (t, (cpu, generation)) = w.spin_wakes.pop().expect("peeked");
+                    (t, Event::Resume { cpu, generation })
+                } else {
+                    let (t, (cpu, generation)) = w.slices.pop().expect("peeked");
+                    (t, Event::UserSlice { cpu, generation })
+                }
+            };
+            match ev.1 {
+                Event::Resume { cpu, generation } => {
+                    if self.w().cpus[cpu.index()].resume_gen == generation {
+                        self.poll_cpu(cpu);
+                    }
+                }
+                Event::UserSlice { cpu, generation } => {
+                    self.user_slices(cpu, generation, ev.0, max);
+                }
+                Event::Irq { cpu, irq } => self.irq_arrive(cpu, irq, ev.0),
+                Event::WakeThread(t) => self.make_runnable(t),
+                Event::DisabledWindow(cpu) => self.disabled_window(cpu, ev.0),
+            }
+        }
+        let w = self.w();
+        let mut oracle = w.oracle.report();
+        let result = SimResult {
+            counters: {
+                let mut c = w.counters.clone();
+                if let Some(ms) = &w.memsys {
+                    crate::memory::report(ms, &mut c, &mut oracle);
+                }
+                c.add("refs", w.refs);
+                c.add("wild_accesses", w.wild_accesses);
+                let (h, m) = w
+                    .cpus
+                    .iter()
+                    .fold((0, 0), |(h, m), c| (h + c.tlb.hits, m + c.tlb.misses));
+                c.add("tlb.hits", h);
+                c.add("tlb.misses", m);
+                // Only machines with an I-TLB report it (flat runs' counters
+                // stay as they were).
+                if w.has_itlb() {
+                    let (h, m) = w
+                        .cpus
+                        .iter()
+                        .filter_map(|c| c.itlb.as_ref())
+                        .fold((0, 0), |(h, m), t| (h + t.hits, m + t.misses));
+                    c.add("tlb.itlb_hits", h);
+                    c.add("tlb.itlb_misses", m);
+                }
+                c
+            },
+            hists: w.hists.clone(),
+            oracle,
+            liveness: w.liveness.clone(),
+            end: w.now(),
+            refs: w.refs,
+            events: w.queue.scheduled() + w.spin_wakes.scheduled() + w.slices.scheduled(),
+            timed_out: w.timed_out,
+        };
+        drop(w);
+        // Coroutines still suspended (idle loops, parked CPUs) hold clones
+        // of this handle: drop them, or the world (caches included) leaks
+        // through the cycle, run after run.
+        let roots: Vec<_> = self
+            .0
+            .roots
+            .borrow_mut()
+            .iter_mut()
+            .map(Option::take)
+            .collect();
+        drop(roots);
+        result
+    }
+
+    fn irq_arrive(&self, cpu: CpuId, irq: Irq, t: Cycles) {
+        let mut w = self.w();
+        let c = &mut w.cpus[cpu.index()];
+        if !c.online {
+            return;
+        }
+        c.pending |= irq.bit();
+        match c.mode {
+            Mode::User => {
+                if c.takeable().is_some() {
+                    // Leave the hot path: cancel the pending slice and take
+                    // the interrupt at this CPU's own time.
+                    c.slice_gen += 1;
+                    let at = c.local.max(t);
+                    drop(w);
+                    let sim = self.clone();
+                    self.spawn(
+                        cpu,
+                        at,
+                        Box::pin(async move {
+                            sim.kernel_entry(cpu, crate::sched::Entry::Interrupt).await
+                        }),
+                    );
+                }
+            }
+            Mode::Kernel => {
+                if c.idle_waiting && c.takeable().is_some() {
+                    c.idle_waiting = false;
+                    c.resume_gen += 1;
+                    let generation = c.resume_gen;
+                    w.queue.push(t, Event::Resume { cpu, generation });
+                }
+            }
+            Mode::Offline => {}
+        }
+    }
+
+    fn start_windows(&self) {
+        let mut w = self.w();
+        let Some(dw) = w.cfg.disabled_windows.clone() else {
+            return;
+        };
+        for i in 0..w.cpus.len() {
+            let gap = w.cpus[i].rng.exponential(dw.mean_interval_cycles as f64) as u64;
+            w.queue
+                .push(Cycles(gap), Event::DisabledWindow(CpuId(i as u16)));
+        }
+    }
+
+    fn disabled_window(&self, cpu: CpuId, t: Cycles) {
+        let mut w = self.w();
+        let dw = w.cfg.disabled_windows.clone().expect("windows configured");
+        let c = &mut w.cpus[cpu.index()];
+        let len = c.rng.exponential(dw.mean_length_cycles as f64) as u64;
+        let gap = c.rng.exponential(dw.mean_interval_cycles as f64) as u64;
+        let user = c.mode == Mode::User && c.online;
+        let at = c.local.max(t);
+        if user {
+            c.slice_gen += 1;
+        }
+        w.queue
+            .push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
+        if user {
+            w.counters.add("kernel.disabled_windows", 1);
+            drop(w);
+            let sim = self.clone();
+            self.spawn(
+                cpu,
+                at,
+                Box::pin(async move {
+                    sim.kernel_entry(cpu, crate::sched::Entry::DisabledWindow(Cycles(len)))
+                        .await
+                }),
+            );
+        }
+    }
+}
+
+/// The earlier of two optional times.
+#[inline]
+fn earliest(a: Option<Cycles>, b: Option<Cycles>) -> Option<Cycles> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
