@@ -34,6 +34,11 @@ use rayon::prelude::*;
 
 use crate::spec::SpecError;
 
+/// The R2000 model of `mmulab-swtlb`, for `mmulab trace sim --r2000` (the binary does not
+/// depend on `mmulab-swtlb` directly).
+pub use mmulab_swtlb::r2000;
+pub use mmulab_swtlb::os::OsKind as R2000Os;
+
 fn invalid(s: impl Into<String>) -> SpecError {
     SpecError::Invalid(s.into())
 }
