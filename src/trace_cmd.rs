@@ -224,7 +224,8 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
 
 /// `trace sim --r2000`: uhlig94's trap-driven R2000 over the trace and its system calls.
 fn r2000_sim(trace: &std::path::Path, os: &str, seed: u64, json: bool) -> anyhow::Result<ExitCode> {
-    use mmulab_experiment::reproduce::uhlig94::{R2000Os, r2000};
+    use mmulab_swtlb::os::OsKind as R2000Os;
+    use mmulab_swtlb::r2000;
     let os = R2000Os::from_key(os).ok_or_else(|| {
         BadInput(format!(
             "--os {os}: expected ultrix, osf1, mach3, afsin or afsout"

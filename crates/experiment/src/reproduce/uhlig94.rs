@@ -27,6 +27,7 @@ use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, RowKind, Series
 use mmulab_swtlb::costs::CostPreset;
 use mmulab_swtlb::os::{OsKind, OsModel, OsParams, SysRef};
 use mmulab_swtlb::sim::{DynamicPartition, Outcome, Placement, TlbSetup, simulate_trap};
+use mmulab_swtlb::r2000;
 use mmulab_swtlb::tlb::Repl;
 use mmulab_swtlb::workload::{CapturedEvents, Event, Workload, token_ring};
 use mmulab_swtlb::{MissType, simulate_direct};
@@ -34,10 +35,6 @@ use rayon::prelude::*;
 
 use crate::spec::SpecError;
 
-pub use mmulab_swtlb::os::OsKind as R2000Os;
-/// The R2000 model of `mmulab-swtlb`, for `mmulab trace sim --r2000` (the binary does not
-/// depend on `mmulab-swtlb` directly).
-pub use mmulab_swtlb::r2000;
 
 fn invalid(s: impl Into<String>) -> SpecError {
     SpecError::Invalid(s.into())
