@@ -36,6 +36,13 @@ pub enum TraceCommand {
         allow_truncated: bool,
         #[arg(long)]
         json: bool,
+        /// uhlig94's R2000 instead: 64 entries (8 wired), the Random register, ASIDs; the
+        /// trace's system calls go through an OS model; misses and cycles per Table III type.
+        #[arg(long)]
+        r2000: bool,
+        /// With --r2000: ultrix, osf1, mach3, afsin or afsout.
+        #[arg(long, default_value = "ultrix", requires = "r2000")]
+        os: String,
     },
     /// Misses of every fully associative LRU size 1..=MAX in one pass
     /// (Mattson stack simulation).
@@ -107,7 +114,12 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             seed,
             allow_truncated,
             json,
+            r2000,
+            os,
         } => {
+            if r2000 {
+                return r2000_sim(&trace, &os, seed, json);
+            }
             let ways = if ways.is_empty() {
                 vec![None]
             } else {
@@ -227,6 +239,25 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             let r = bench(&o).map_err(code)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `trace sim --r2000`: uhlig94's trap-driven R2000 over the trace and its system calls.
+fn r2000_sim(trace: &std::path::Path, os: &str, seed: u64, json: bool) -> anyhow::Result<ExitCode> {
+    use mmulab_swtlb::os::OsKind as R2000Os;
+    use mmulab_swtlb::r2000;
+    let os = R2000Os::from_key(os).ok_or_else(|| {
+        BadInput(format!(
+            "--os {os}: expected ultrix, osf1, mach3, afsin or afsout"
+        ))
+    })?;
+    let o =
+        r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed).map_err(BadInput)?;
+    if json {
+        println!("{}", serde_json::to_string(&o)?);
+    } else {
+        print!("{}", r2000::report_text(&o));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -30,7 +30,7 @@ struct Small {
 
 impl Small {
     fn find(&self, t: Tag) -> bool {
-        self.slots.iter().any(|s| *s == Some(t))
+        self.slots.contains(&Some(t))
     }
     fn put(&mut self, t: Tag, wired: bool) {
         let i = if wired {
