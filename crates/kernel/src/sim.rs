@@ -28,7 +28,9 @@ use mmulab_machine::pagetable::{Walk, walk};
 use mmulab_memsys::AccessKind;
 
 use crate::memory::TlbHardware;
-use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn};
+use mmulab_machine::{
+    CpuId, OpId, Oracle, Pfn, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::costs::Costs;
@@ -54,6 +56,25 @@ pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 pub struct DisabledWindows {
     pub mean_interval_cycles: u64,
     pub mean_length_cycles: u64,
+}
+
+impl DisabledWindows {
+    /// Both means must be at least a cycle and within the run's time limit:
+    /// a window of `i64::MAX` cycles overflowed the draw and silently turned
+    /// the feature off.
+    pub fn validate(&self, prefix: &str, max_cycles: u64) -> Result<(), String> {
+        for (key, v) in [
+            ("mean_interval_cycles", self.mean_interval_cycles),
+            ("mean_length_cycles", self.mean_length_cycles),
+        ] {
+            if v == 0 || v > max_cycles {
+                return Err(format!(
+                    "{prefix}.{key}: must be 1 to the run's time limit (engine.max_cycles = {max_cycles}), got {v}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -139,6 +160,14 @@ pub(crate) enum Event {
     DisabledWindow(CpuId),
 }
 
+/// What a run that ran out of physical frames reports.
+pub fn out_of_frames(frames: u64) -> String {
+    format!(
+        "a free physical frame: simulated memory is exhausted ({frames} frames, machine.memory_mb = {}); raise machine.memory_mb or shrink the workload",
+        frames / 256
+    )
+}
+
 /// A liveness failure found by the watchdog.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Liveness {
@@ -187,6 +216,10 @@ pub struct World {
     pub liveness: Option<Liveness>,
     pub live_threads: u64,
     pub timed_out: bool,
+    /// Raised from outside (another thread, a signal handler's flag) to
+    /// stop the run at its next check; see `Sim::set_interrupt`.
+    pub interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    pub interrupted: bool,
     /// Named spin locks other than pmap locks (protocols allocate them).
     pub locks: Vec<Option<CpuId>>,
     /// Sleep locks (`sleeplock`).
@@ -299,6 +332,9 @@ pub struct SimResult {
     pub refs: u64,
     pub events: u64,
     pub timed_out: bool,
+    /// The run was stopped from outside (`Sim::set_interrupt`, Ctrl-C)
+    /// before it ended: everything above covers the time up to `end`.
+    pub interrupted: bool,
 }
 
 /// A future that is pending once: it arms its CPU's resume event and is
@@ -425,6 +461,8 @@ impl Sim {
             liveness: None,
             live_threads: 0,
             timed_out: false,
+            interrupt: None,
+            interrupted: false,
             wild_accesses: 0,
             kmem_next: (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
             kernel_regions: BTreeMap::new(),
@@ -618,6 +656,36 @@ impl Sim {
                 self.set_ipl(cpu, saved);
             }
         })
+    }
+
+    /// Ends the run because a resource the spec sizes ran out (physical
+    /// frames: `machine.memory_mb`; kernel virtual space:
+    /// `kernel.segkmem_pages`). The thread that needed it can never go on,
+    /// so this is reported the way the watchdog reports a spin past its
+    /// bound, naming what ran out and the key; the coroutine never resumes.
+    /// (It used to be a panic, `out of memory: 131072 frames`.)
+    pub async fn exhausted<T>(&self, cpu: CpuId, what: String) -> T {
+        {
+            let mut w = self.w();
+            let at = w.now();
+            w.liveness.get_or_insert(Liveness {
+                cpu,
+                waiting_for: what,
+                since: at,
+                at,
+            });
+            w.stop = true;
+        }
+        std::future::pending::<T>().await
+    }
+
+    /// A free physical frame, or the run ends (see [`Sim::exhausted`]).
+    pub async fn alloc_data_or_stop(&self, cpu: CpuId) -> Pfn {
+        let got = self.w().mem.alloc_data();
+        match got {
+            Ok(pfn) => pfn,
+            Err(e) => self.exhausted(cpu, out_of_frames(e.frames)).await,
+        }
     }
 
     async fn sleep_for(&self, cpu: CpuId, c: Cycles) {
@@ -959,13 +1027,28 @@ impl Sim {
 
     /// Runs until every thread has exited, a program ends the run, the
     /// watchdog fires or the time limit passes.
+    /// Stops the run soon after `flag` is raised (it is read every 4,096
+    /// events); the result says `interrupted`.
+    pub fn set_interrupt(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.w().interrupt = Some(flag);
+    }
+
     pub fn run(&self) -> SimResult {
         let max = Cycles(self.w().cfg.max_cycles);
         self.start_windows();
+        let mut polled = 0u32;
         loop {
             let ev = {
                 let mut w = self.w();
                 if w.stop {
+                    break;
+                }
+                polled = polled.wrapping_add(1);
+                if polled % 4096 == 0
+                    && let Some(flag) = &w.interrupt
+                    && flag.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    w.interrupted = true;
                     break;
                 }
                 // Kernel events, then spinners' wake-ups, then user slices
@@ -1043,6 +1126,7 @@ impl Sim {
             refs: w.refs,
             events: w.queue.scheduled() + w.spin_wakes.scheduled() + w.slices.scheduled(),
             timed_out: w.timed_out,
+            interrupted: w.interrupted,
         };
         drop(w);
         // Coroutines still suspended (idle loops, parked CPUs) hold clones
