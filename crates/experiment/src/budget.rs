@@ -94,6 +94,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     })
 }
 
+/// Parses a count: an integer, or a number in scientific notation
+/// (`1e12`).
+pub fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<u64>() {
+        return Ok(v);
+    }
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(if v >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            v as u64
+        }),
+        _ => Err(format!("{s:?}: expected a count such as 1000000 or 1e12")),
+    }
+}
+
 /// A run's estimate, each figure with the key that drives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Estimate {
@@ -160,7 +177,7 @@ impl Spec {
             ));
         }
         parts.push((
-            format!("workload.{}", d.threads_key),
+            format!("workload.{}", d.spawned_key),
             d.spawned.saturating_mul(THREAD_BYTES),
         ));
         let memory_bytes = parts
@@ -178,10 +195,10 @@ impl Spec {
             .max(1);
         let work_per_run = d.work.clamp(1, time_bound);
         let work = work_per_run.saturating_mul(self.runs);
+        // The workload's key drives the work even when the time limit
+        // caps it (raising engine.max_cycles would not help).
         let work_key = if self.runs > work_per_run {
             "runs".to_string()
-        } else if d.work > time_bound {
-            "engine.max_cycles".to_string()
         } else {
             format!("workload.{}", d.work_key)
         };
@@ -240,6 +257,9 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1G").is_err());
         assert!(parse_size("5Q").is_err());
+        assert_eq!(parse_count("1e12"), Ok(1_000_000_000_000));
+        assert_eq!(parse_count("42"), Ok(42));
+        assert!(parse_count("-1").is_err() && parse_count("many").is_err());
     }
 
     #[test]

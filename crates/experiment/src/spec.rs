@@ -91,15 +91,15 @@ fn clip_runs(line: &str, out: &mut String) {
             rest = &rest[c.len_utf8()..];
             continue;
         }
-        if c == '`' || c == '"' {
-            if let Some(end) = rest[1..].find(c) {
-                let inner = &rest[1..1 + end];
-                out.push(c);
-                out.push_str(&clip(inner));
-                out.push(c);
-                rest = &rest[end + 2..];
-                continue;
-            }
+        if (c == '`' || c == '"')
+            && let Some(end) = rest[1..].find(c)
+        {
+            let inner = &rest[1..1 + end];
+            out.push(c);
+            out.push_str(&clip(inner));
+            out.push(c);
+            rest = &rest[end + 2..];
+            continue;
         }
         let end = rest[c.len_utf8()..]
             .find(|ch: char| ch.is_whitespace() || ch == '`' || ch == '"')
@@ -502,7 +502,7 @@ impl Spec {
             )));
         }
         self.costs
-            .validate("costs", e.max_cycles)
+            .validate("costs", e.max_cycles, self.memory.is_none())
             .map_err(invalid)?;
         let q = self.protocol_options.action_queue;
         if !(1..=MAX_ACTION_QUEUE).contains(&q) {

@@ -89,9 +89,10 @@ impl Costs {
     /// Checks what the types cannot; the error names its key
     /// (`{prefix}.ref_cycles`). A cost longer than the run's time limit
     /// (`max_cycles`) could never be paid, and costs the simulator loops
-    /// on (a reference, a spin iteration, an idle poll) must take time, or
-    /// a loop over them never reaches the next event.
-    pub fn validate(&self, prefix: &str, max_cycles: u64) -> Result<(), String> {
+    /// on (a spin iteration, an idle poll; a reference on flat memory)
+    /// must take time, or a loop over them never reaches the next event.
+    /// `flat`: no cache hierarchy, whose latencies would time references.
+    pub fn validate(&self, prefix: &str, max_cycles: u64, flat: bool) -> Result<(), String> {
         if !CLOCK_HZ_RANGE.contains(&self.clock_hz) {
             return Err(format!(
                 "{prefix}.clock_hz: must be from {:e} to {:e} Hz, got {:e}",
@@ -101,7 +102,7 @@ impl Costs {
             ));
         }
         for (key, v) in [
-            ("ref_cycles", self.ref_cycles),
+            ("ref_cycles", if flat { self.ref_cycles } else { 1 }),
             ("spin_iteration_cycles", self.spin_iteration_cycles),
             ("idle_poll_cycles", self.idle_poll_cycles),
         ] {
@@ -227,26 +228,26 @@ mod tests {
     fn nonsense_costs_are_refused_by_key() {
         let max = 20_000_000_000;
         let ok = Costs::default();
-        assert_eq!(ok.validate("costs", max), Ok(()));
+        assert_eq!(ok.validate("costs", max, true), Ok(()));
         let e = Costs {
             ipi_latency_cycles: i64::MAX as u64,
             ..ok.clone()
         }
-        .validate("costs", max)
+        .validate("costs", max, true)
         .unwrap_err();
         assert!(e.starts_with("costs.ipi_latency_cycles:"), "{e}");
         let e = Costs {
             clock_hz: 1e-300,
             ..ok.clone()
         }
-        .validate("costs", max)
+        .validate("costs", max, true)
         .unwrap_err();
         assert!(e.starts_with("costs.clock_hz:"), "{e}");
         let e = Costs {
             ref_cycles: 0,
             ..ok
         }
-        .validate("costs", max)
+        .validate("costs", max, true)
         .unwrap_err();
         assert!(e.starts_with("costs.ref_cycles:"), "{e}");
     }

@@ -1044,7 +1044,7 @@ impl Sim {
                     break;
                 }
                 polled = polled.wrapping_add(1);
-                if polled % 4096 == 0
+                if polled.is_multiple_of(4096)
                     && let Some(flag) = &w.interrupt
                     && flag.load(std::sync::atomic::Ordering::Relaxed)
                 {

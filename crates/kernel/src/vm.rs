@@ -678,16 +678,25 @@ impl Sim {
         let ret = match s {
             Syscall::Mmap { pages, prot } => {
                 assert!(pages > 0, "mmap of zero pages");
+                // Addresses are never reused: a task that has mapped its
+                // 3 GB (specs are checked for what they must map at
+                // least) ends the run, named, rather than alias the
+                // kernel's addresses.
+                let start = self.w().tasks[task.0 as usize].next_vpn;
+                let top = KERNEL_BASE >> PAGE_SHIFT;
+                if pages >= top || start + pages >= top {
+                    return self
+                        .exhausted(
+                            cpu,
+                            format!(
+                                "{pages} pages of user address space: the task has mapped up to vpn {start:#x} of the {USER_PAGES} pages below the kernel (addresses are not reused); shrink the workload's regions or steps"
+                            ),
+                        )
+                        .await;
+                }
                 let obj = self.new_object(None);
                 let mut w = self.w();
                 let t = &mut w.tasks[task.0 as usize];
-                let start = t.next_vpn;
-                // Specs are checked against USER_PAGES before a run; a
-                // mapping past it would alias the kernel's addresses.
-                assert!(
-                    pages < KERNEL_BASE >> PAGE_SHIFT && start + pages < KERNEL_BASE >> PAGE_SHIFT,
-                    "mmap of {pages} pages at vpn {start:#x} runs into the kernel at {KERNEL_BASE:#x}"
-                );
                 t.next_vpn += pages + 1; // a guard page between mappings
                 t.regions.insert(
                     start,
@@ -989,21 +998,25 @@ impl Sim {
     async fn kmem_alloc_segkmem(&self, cpu: CpuId, pages: u64, wired: bool) -> u64 {
         let lock = self.w().kernel_vm_lock;
         self.lock(cpu, lock).await;
-        let (start, unflushed) = {
+        let got = {
             let mut w = self.w();
-            let Some(start) = w.segkmem.alloc(pages) else {
-                let what = format!(
+            match w.segkmem.alloc(pages) {
+                Some(start) => {
+                    let unflushed = w.segkmem.unflushed(start, pages);
+                    if !wired {
+                        w.kernel_regions.insert(start, pages);
+                    }
+                    Ok((start, unflushed))
+                }
+                None => Err(format!(
                     "{pages} pages of kernel virtual space: segkmem is exhausted ({} pages); raise kernel.segkmem_pages",
                     w.segkmem.pages()
-                );
-                drop(w);
-                return self.exhausted(cpu, what).await;
-            };
-            let unflushed = w.segkmem.unflushed(start, pages);
-            if !wired {
-                w.kernel_regions.insert(start, pages);
+                )),
             }
-            (start, unflushed)
+        };
+        let (start, unflushed) = match got {
+            Ok(s) => s,
+            Err(what) => return self.exhausted(cpu, what).await,
         };
         self.unlock(cpu, lock).await;
         let p = self.protocol();

@@ -61,6 +61,12 @@ impl CacheConfig {
         if self.ways == 0 {
             return Err(format!("{prefix}.ways: must be at least 1"));
         }
+        if self.latency_cycles == 0 {
+            // With the memory system, a reference costs its cache's
+            // latency (`costs.ref_cycles` is 0): a 0-cycle hit would loop
+            // without advancing time.
+            return Err(format!("{prefix}.latency_cycles: must be at least 1"));
+        }
         if self.size_bytes > Self::MAX_SIZE_BYTES {
             return Err(format!(
                 "{prefix}.size_bytes: {} is above the 1 GiB ({}) a cache level may have",

@@ -105,6 +105,7 @@ impl KbuildSpec {
             threads: add(&[jobs, 1]),
             threads_key: "jobs",
             spawned: add(&[self.processes as u64, 1]),
+            spawned_key: "processes",
             work: mul(&[
                 self.processes as u64,
                 add(&[
@@ -339,6 +340,7 @@ impl ParthenonSpec {
             threads: add(&[workers, 1]),
             threads_key: "workers",
             spawned: add(&[threads, 1]),
+            spawned_key: "threads",
             work: mul(&[
                 threads,
                 add(&[self.work_refs, mul(&[self.kmem_per_thread, 4]), 8]),
@@ -554,6 +556,7 @@ impl CamelotSpec {
             threads: add(&[threads, 1]),
             threads_key: "threads",
             spawned: add(&[threads, 1]),
+            spawned_key: "threads",
             work: mul(&[threads, self.reprotects, add(&[self.refs_between, 8])]),
             work_key: "reprotects",
         }

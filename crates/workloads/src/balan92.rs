@@ -102,6 +102,7 @@ impl ShootdownSpec {
             threads: cpus,
             threads_key: "mode",
             spawned: cpus,
+            spawned_key: "mode",
             work: add(&[
                 mul(&[self.samples, add(&[self.pages, 8])]),
                 mul(&[cpus, span / 1000]),
@@ -333,6 +334,7 @@ impl KmemChurnSpec {
             threads: add(&[threads, 1]),
             threads_key: "threads",
             spawned: add(&[threads, 1]),
+            spawned_key: "threads",
             work: mul(&[
                 threads,
                 self.allocations,
@@ -660,6 +662,7 @@ impl FileIoSpec {
             threads: add(&[threads, 1]),
             threads_key: "threads",
             spawned: add(&[threads, 1]),
+            spawned_key: "threads",
             work: mul(&[threads, self.ops, add(&[self.copy_refs, 8])]),
             work_key: "ops",
         }
@@ -813,6 +816,7 @@ impl PageoutAgingSpec {
             threads: add(&[lwps, 1]),
             threads_key: "threads",
             spawned: add(&[lwps, 1]),
+            spawned_key: "threads",
             work: mul(&[lwps, self.passes, add(&[self.interval_cycles, self.pages])]),
             work_key: "passes",
         }
@@ -991,6 +995,7 @@ impl ForkBenchSpec {
                 copies,
                 mul(&[copies, self.sizes_kb.len() as u64, self.repeats]),
             ]),
+            spawned_key: "repeats",
             work: mul(&[copies, self.repeats, add(&[mul(&[all, 3]), 16])]),
             work_key: "repeats",
         }
@@ -1194,6 +1199,7 @@ impl FaultStormSpec {
             threads: lwps,
             threads_key: "threads",
             spawned: lwps,
+            spawned_key: "threads",
             work: mul(&[lwps, add(&[self.rounds, 1]), add(&[span, self.pages])]),
             work_key: "rounds",
         }

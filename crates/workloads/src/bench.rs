@@ -102,6 +102,7 @@ impl BenchSpec {
             threads,
             threads_key: "threads",
             spawned: threads,
+            spawned_key: "threads",
             work: mul(&[threads, self.refs_per_thread]),
             work_key: "refs_per_thread",
         }

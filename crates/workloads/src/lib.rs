@@ -219,11 +219,13 @@ pub const MAX_THREADS: u64 = 16_384;
 /// key that drives it, so a refusal can name it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Demand {
-    /// Pages of simulated memory the workload may hold at once.
+    /// Pages of simulated memory the workload may hold at once (for the
+    /// random workload, whose draws decide, the least that must fit).
     pub pages: u64,
     pub pages_key: &'static str,
     /// Pages of user address space one task's mappings take over the run
-    /// (addresses are never reused), against the kernel's `USER_PAGES`.
+    /// (addresses are never reused), against the kernel's `USER_PAGES`;
+    /// for the random workload, what its threads' largest regions need.
     pub vpages: u64,
     pub vpages_key: &'static str,
     /// Threads alive at once (a process counts as its threads).
@@ -232,6 +234,7 @@ pub struct Demand {
     /// Threads created over one run: each keeps its bookkeeping (and a
     /// process its address space's) until the run ends.
     pub spawned: u64,
+    pub spawned_key: &'static str,
     /// Operations of one run: memory references, system calls and the
     /// pages they walk, roughly what the simulator loops over.
     pub work: u64,

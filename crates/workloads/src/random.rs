@@ -102,19 +102,20 @@ impl RandomSpec {
     }
 
     /// Every step may map a region of up to `max_region_pages` and touch
-    /// at most 320 of its pages (a reference run is 20 to 319 references),
-    /// so a thread holds at most `steps` × that many pages. A fork's child
-    /// shares its parent's pages until it stores, in its last 10 steps:
-    /// its copies are left out of the pages (a run that does run out of
-    /// memory stops with a named failure) but counted in the work. The
-    /// kernel walks a region page by page when it maps, protects or
-    /// unmaps it, so a step costs its region's pages.
+    /// at most 320 of its pages (a reference run is 20 to 319 references).
+    /// What a thread holds depends on its draws (regions are unmapped
+    /// too): the bound `steps` × 320 pages would refuse `mmulab check`'s
+    /// own specs, so the pages counted are those every thread's largest
+    /// region needs, the least that must fit; a run whose draws do exhaust
+    /// memory stops with a named failure. The kernel walks a region page
+    /// by page when it maps, protects or unmaps it, so a step's work
+    /// counts its region's pages, and a fork's child runs 10 more steps.
     pub fn demand(&self, _cpus: usize) -> Demand {
         const TOUCHED_PER_STEP: u64 = 320;
         let threads = mul(&[self.tasks as u64, self.threads_per_task as u64]);
         let per_step = self.max_region_pages.min(TOUCHED_PER_STEP);
         let forks = if self.fork { 2 } else { 1 };
-        let pages = mul(&[threads, self.steps, per_step]);
+        let pages = mul(&[threads, per_step]);
         // The key furthest above its default drives the size.
         let d = RandomSpec::default();
         let ratio = |v: u64, dflt: u64| v as f64 / dflt as f64;
@@ -137,11 +138,10 @@ impl RandomSpec {
         Demand {
             pages,
             pages_key,
-            // A task's threads map into one address space; a fork's child
-            // inherits it and maps for 10 steps more.
+            // A task's threads map into one address space: one region
+            // each at least.
             vpages: mul(&[
                 self.threads_per_task as u64,
-                add(&[self.steps, 10]),
                 add(&[self.max_region_pages, 1]),
             ]),
             vpages_key: "max_region_pages",
@@ -149,6 +149,7 @@ impl RandomSpec {
             threads_key: "threads_per_task",
             // A fork is drawn on 4 % of the steps.
             spawned: add(&[threads, mul(&[threads, self.steps]) / 25]),
+            spawned_key: pages_key,
             work: mul(&[
                 threads,
                 self.steps,

@@ -125,6 +125,7 @@ impl MicroSpec {
             threads: cpus,
             threads_key: "multiple",
             spawned: cpus,
+            spawned_key: "multiple",
             work: add(&[
                 mul(&[self.file_pages, (PAGE / LINE) * 2]),
                 mul(&[self.shootdowns, 16]),
@@ -532,6 +533,7 @@ impl AppSpec {
             threads: cpus,
             threads_key: "app",
             spawned: cpus,
+            spawned_key: "app",
             work: mul(&[cpus, self.lines_per_thread]),
             work_key: "lines_per_thread",
         }

@@ -85,6 +85,7 @@ impl TesterSpec {
             threads: children.saturating_add(1),
             threads_key: "children",
             spawned: children.saturating_add(1),
+            spawned_key: "children",
             work: mul(&[children, add(&[self.warmup_cycles, self.settle_cycles])]),
             work_key: "settle_cycles",
         }
