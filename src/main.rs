@@ -23,8 +23,12 @@ use mmulab_experiment::{Budget, Results, Spec};
 use mmulab_report::Table;
 
 mod reproduce_cmd;
+mod sweep_cmd;
 mod trace_cmd;
 mod ui;
+
+/// The progress bar every command uses (sweep_cmd calls it `crate::bar`).
+use ui::bar;
 
 #[derive(Parser)]
 #[command(
@@ -133,6 +137,22 @@ enum Command {
         /// Refuse a sweep whose estimated simulated operations are above N.
         #[arg(long, value_name = "N", default_value_t = mmulab_experiment::budget::DEFAULT_MAX_WORK, value_parser = mmulab_experiment::budget::parse_count)]
         max_work: u64,
+        /// `slurm`: run the seeds as a Slurm job array (arrays of 1,000
+        /// seeds or more) through the sweep engine, into --out.
+        #[arg(long, value_enum, default_value_t = sweep_cmd::Backend::Local)]
+        backend: sweep_cmd::Backend,
+        /// slurm: the results folder (default: sweeps/check-PROTOCOL-START-SEEDS).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// slurm: wait for the array, merge, and report as a local check does.
+        #[arg(long)]
+        wait: bool,
+        /// slurm: finish a check already started in --out.
+        #[arg(long)]
+        resume: bool,
+        /// slurm: an sbatch option for every array task (repeat it).
+        #[arg(long = "slurm-arg", value_name = "OPTION", allow_hyphen_values = true)]
+        slurm_args: Vec<String>,
     },
     /// Measure simulated memory references per second on this host.
     Bench {
@@ -186,6 +206,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a grid of specs and seeds (a sweep file) on this machine's cores
+    /// or as a Slurm job array, into tidy results.csv and summary.csv.
+    Sweep(sweep_cmd::SweepArgs),
     /// Memory traces: capture, simulate, export, benchmark.
     #[command(subcommand)]
     Trace(trace_cmd::TraceCommand),
@@ -386,11 +409,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            // A run whose oracle or workload check found an inconsistency
-            // ran, but its verdict is negative: exit 1.
+            // A run whose oracle or workload check found an inconsistency,
+            // or whose watchdog reported a spin past its bound, ran, but
+            // its verdict is negative: exit 1.
             let consistent = results.oracle.violations == 0
                 && results.oracle.verdict == "consistent"
-                && results.workload.verdict != "inconsistent";
+                && results.workload.verdict != "inconsistent"
+                && results.liveness.is_empty();
             Ok(verdict(consistent))
         }
         Command::Check {
@@ -399,6 +424,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             start,
             json,
             max_work,
+            backend,
+            out,
+            wait,
+            resume,
+            slurm_args,
         } => {
             if start.checked_add(seeds).is_none() {
                 return Err(mmulab_experiment::SpecError::Invalid(format!(
@@ -417,6 +447,22 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 ))
                 .into());
             }
+            if backend == sweep_cmd::Backend::Slurm {
+                let opts = sweep_cmd::Opts {
+                    jobs: None,
+                    backend,
+                    shard: None,
+                    resume,
+                    wait,
+                    slurm_args,
+                    json,
+                };
+                return sweep_cmd::check(&protocol, start, seeds, out, opts);
+            }
+            anyhow::ensure!(
+                out.is_none() && !wait && !resume && slurm_args.is_empty(),
+                "--out, --wait, --resume and --slurm-arg go with --backend slurm"
+            );
             let stop = ui::stop_on_ctrl_c();
             let pb = ui::bar(seeds, &format!("check {protocol}"));
             let report = mmulab_experiment::check::check_until(
@@ -709,6 +755,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(verdict(worst <= 20.0))
         }
+        Command::Sweep(a) => sweep_cmd::run(a),
         Command::Trace(t) => trace_cmd::run(t),
         Command::Dsm(DsmCommand::Run { config, site, argv }) => {
             let code = mmulab_mirage::runtime::cli::run_program(

@@ -165,16 +165,21 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
             std::fs::write(&path, html::index_page(&pages, &title))
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
+        let names: Vec<String> = reports
+            .iter()
+            .map(|r| format!("reproduce-{}.json and .csv", r.paper))
+            .collect();
+        let index = if args.paper == Paper::All {
+            ", index.html"
+        } else {
+            ""
+        };
         say(
             args.json,
             format!(
-                "wrote {}: reproduce-PAPER.json and .csv, figures (SVG and CSV){}",
+                "wrote {}: {}, figures (SVG and CSV){index}",
                 out.display(),
-                if args.paper == Paper::All {
-                    ", index.html"
-                } else {
-                    ""
-                }
+                names.join(", ")
             ),
         );
     }

@@ -18,6 +18,28 @@ pub enum PolicyArg {
     Random,
 }
 
+/// `trace sim --r2000 --os`: uhlig94's operating systems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OsArg {
+    Ultrix,
+    Osf1,
+    Mach3,
+    Afsin,
+    Afsout,
+}
+
+impl OsArg {
+    fn key(self) -> &'static str {
+        match self {
+            OsArg::Ultrix => "ultrix",
+            OsArg::Osf1 => "osf1",
+            OsArg::Mach3 => "mach3",
+            OsArg::Afsin => "afsin",
+            OsArg::Afsout => "afsout",
+        }
+    }
+}
+
 /// Dinero IV input format written by `trace export`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -77,6 +99,13 @@ pub enum TraceCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// uhlig94's R2000 instead: 64 entries (8 wired), the Random register, ASIDs; the
+        /// trace's system calls go through an OS model; misses and cycles per Table III type.
+        #[arg(long)]
+        r2000: bool,
+        /// With --r2000: the OS whose miss handlers and system calls run.
+        #[arg(long, value_enum, default_value_t = OsArg::Ultrix, requires = "r2000")]
+        os: OsArg,
     },
     /// Misses of every fully associative LRU size 1..=MAX in one pass
     /// (Mattson stack simulation).
@@ -176,7 +205,12 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             seed,
             read,
             json,
+            r2000,
+            os,
         } => {
+            if r2000 {
+                return r2000_sim(&trace, os, seed, json);
+            }
             let policy = match policy {
                 PolicyArg::Lru => mmulab_trace::Policy::Lru,
                 PolicyArg::Fifo => mmulab_trace::Policy::Fifo,
@@ -323,6 +357,25 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             let r = r.map_err(err)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `trace sim --r2000`: uhlig94's trap-driven R2000 over the trace and its system calls.
+fn r2000_sim(
+    trace: &std::path::Path,
+    os: OsArg,
+    seed: u64,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use mmulab_experiment::reproduce::uhlig94::{R2000Os, r2000};
+    let os = R2000Os::from_key(os.key()).expect("every --os value is an OS");
+    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if json {
+        println!("{}", serde_json::to_string(&o)?);
+    } else {
+        print!("{}", r2000::report_text(&o));
     }
     Ok(ExitCode::SUCCESS)
 }

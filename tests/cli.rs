@@ -276,7 +276,7 @@ fn watchdog_reports_a_spin_past_its_bound_with_the_seed() {
         "engine.spin_bound=2",
         "--json",
     ]);
-    // The run ran, but the unfinished tester is inconsistent: exit 1.
+    // A liveness failure is a negative verdict: exit 1.
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let l = &r["liveness"][0];

@@ -96,6 +96,7 @@ fn check_contract(paper: &str, r: &serde_json::Value) {
     ] {
         assert!(r.get(k).is_some(), "{paper}: the report lacks {k}");
     }
+    // A calibration target is an artefact, or `artefact / quantity`.
     let fitted: BTreeSet<&str> = r["calibration"]
         .as_object()
         .unwrap()
@@ -239,14 +240,66 @@ fn check_in_chromium(index: &Path) {
     assert!(console_errors.is_empty(), "{console_errors:#?}");
 }
 
-/// Replaces the README's generated block with `table`.
-fn readme_block(readme: &str) -> &str {
+/// The README's generated block `name`.
+fn readme_block<'a>(readme: &'a str, name: &str) -> &'a str {
     let start = readme
-        .find("<!-- headline:start")
-        .expect("README has the headline block");
+        .find(&format!("<!-- {name}:start"))
+        .unwrap_or_else(|| panic!("README has no {name} block"));
     let start = start + readme[start..].find("-->\n").unwrap() + 4;
-    let end = readme.find("<!-- headline:end -->").expect("block end");
+    let end = readme
+        .find(&format!("<!-- {name}:end -->"))
+        .expect("block end");
     &readme[start..end]
+}
+
+/// A run's summary with its wall time elided, as scripts/update-docs.sh
+/// writes it into the README.
+fn elide_wall(text: &str) -> String {
+    text.lines()
+        .map(|l| match (l.find(" in "), l.find(" s wall (")) {
+            (Some(a), Some(_)) if l.starts_with("simulated ") => {
+                format!("{} in … s wall (… M refs/s)", &l[..a])
+            }
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// The README's worked example and its negative control are what the
+/// binary prints now (the wall time elided).
+#[test]
+fn readme_worked_example_is_what_the_run_prints() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let o = mmulab_in(&repo(), &["run", "experiments/tester.toml"]);
+    assert_eq!(o.status.code(), Some(0));
+    let expect = format!(
+        "```\n$ mmulab run experiments/tester.toml\n{}```\n",
+        elide_wall(&String::from_utf8_lossy(&o.stdout))
+    );
+    assert_eq!(
+        readme_block(&readme, "example"),
+        expect,
+        "stale: run scripts/update-docs.sh"
+    );
+    let o = mmulab_in(
+        &repo(),
+        &["run", "experiments/tester.toml", "--set", "protocol=none"],
+    );
+    assert_eq!(o.status.code(), Some(1), "the negative control exits 1");
+    let out = elide_wall(&String::from_utf8_lossy(&o.stdout));
+    let lines: Vec<&str> = out.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(4)..];
+    let expect = format!(
+        "```\n$ mmulab run experiments/tester.toml --set protocol=none; echo \"exit $?\"\n...\n{}\nexit 1\n```\n",
+        tail.join("\n")
+    );
+    assert_eq!(
+        readme_block(&readme, "control"),
+        expect,
+        "stale: run scripts/update-docs.sh"
+    );
 }
 
 #[test]
@@ -335,9 +388,29 @@ fn reproduce_all_quick_writes_every_paper_the_page_and_the_docs_tables() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let headline = std::fs::read_to_string(d.join("md/headline-quick.md")).unwrap();
     assert_eq!(
-        readme_block(&readme),
+        readme_block(&readme, "headline"),
         headline,
         "README's headline table is stale: run scripts/update-docs.sh"
     );
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Every spec under experiments/ is a spec `mmulab run` accepts, except
+/// those under a `paper-data/` folder (the reproductions' own numbers and
+/// settings, which say so by their place).
+#[test]
+fn every_experiment_outside_paper_data_is_a_runnable_spec() {
+    let mut checked = 0;
+    for path in walk(&repo().join("experiments")) {
+        if path.extension().is_none_or(|x| x != "toml")
+            || path.components().any(|c| c.as_os_str() == "paper-data")
+        {
+            continue;
+        }
+        if let Err(e) = mmulab_experiment::Spec::load(&path, &[]) {
+            panic!("{}: {e}", path.display());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 20, "only {checked} specs found");
 }

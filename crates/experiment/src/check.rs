@@ -240,18 +240,22 @@ impl CheckReport {
     }
 }
 
-struct SeedResult {
-    seed: u64,
-    violations: u64,
-    lock_order: u64,
-    liveness: Option<String>,
-    first: Option<String>,
-    timed_out: bool,
-    checked: u64,
-    shootdowns: u64,
+/// What one check seed found.
+pub struct SeedResult {
+    pub seed: u64,
+    /// Oracle violations plus lock-order violations.
+    pub violations: u64,
+    pub lock_order: u64,
+    pub liveness: Option<String>,
+    /// The first violation, in words.
+    pub first: Option<String>,
+    pub timed_out: bool,
+    pub checked: u64,
+    pub shootdowns: u64,
 }
 
-fn check_one(protocol: &str, seed: u64) -> SeedResult {
+/// Runs check seed `seed` of `protocol` (its spec drawn by [`swarm_spec`]).
+pub fn check_one(protocol: &str, seed: u64) -> SeedResult {
     let spec = swarm_spec(protocol, seed);
     let out = run_seed(&spec, seed);
     let c = &out.sim.counters;

@@ -683,8 +683,8 @@ fn cycles_within(v: &serde_json::Value, prefix: &str, max: u64) -> Result<(), Sp
 }
 
 /// The embedded spec `path` names, with or without `experiments/` and
-/// `.toml`.
-fn embedded(path: &Path) -> Option<(String, String)> {
+/// `.toml`: its path under `experiments/` and its text.
+pub fn embedded(path: &Path) -> Option<(String, String)> {
     let name = path.to_str()?;
     let name = name.strip_prefix("./").unwrap_or(name);
     let name = name.strip_prefix("experiments/").unwrap_or(name);

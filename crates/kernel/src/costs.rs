@@ -22,6 +22,11 @@ pub struct Costs {
     pub tlb_flush_all_cycles: u64,
     /// Write one PTE (including the interlocked R/M update).
     pub pte_write_cycles: u64,
+    /// A pmap module's bookkeeping per page it changes, beyond the PTE
+    /// write: the physical page's mapping list (find and unlink its entry),
+    /// harvesting the modify and reference bits. Charged in black89's
+    /// Phase 3 ("make changes to physical map"), while the responders spin.
+    pub pmap_change_page_cycles: u64,
     /// Enter and leave the kernel (trap or system call).
     pub trap_cycles: u64,
     /// Page-fault handling beyond the trap (lookup, bookkeeping).
@@ -123,7 +128,7 @@ impl Costs {
     }
 
     /// Every integer field, by key (the test below holds it to the struct).
-    pub fn cycle_costs(&self) -> [(&'static str, u64); 29] {
+    pub fn cycle_costs(&self) -> [(&'static str, u64); 30] {
         [
             ("ref_cycles", self.ref_cycles),
             ("mem_cycles", self.mem_cycles),
@@ -156,6 +161,7 @@ impl Costs {
             ("ipi_jitter_cycles", self.ipi_jitter_cycles),
             ("hat_cookie_cycles", self.hat_cookie_cycles),
             ("tlb_refill_trap_cycles", self.tlb_refill_trap_cycles),
+            ("pmap_change_page_cycles", self.pmap_change_page_cycles),
         ]
     }
 }
@@ -171,6 +177,7 @@ impl Default for Costs {
             tlb_flush_entry_cycles: 10,
             tlb_flush_all_cycles: 40,
             pte_write_cycles: 5,
+            pmap_change_page_cycles: 0,
             trap_cycles: 200,
             fault_cycles: 500,
             zero_fill_cycles: 1000,

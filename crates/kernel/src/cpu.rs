@@ -91,6 +91,10 @@ pub struct Cpu {
     /// The operation this CPU's kernel code is carrying out, to which PTE
     /// changes are attributed.
     pub op: Option<mmulab_machine::OpId>,
+    /// The kernel path the CPU's thread is in ("fault", "fork", "exit",
+    /// "syscall"), set around each trap: lock acquisitions on it are also
+    /// counted per path (`lock.<class>.<path>.*`, balan92 §Analysis).
+    pub lock_path: Option<&'static str>,
     /// Time the current kernel-disabled window ends (for statistics).
     pub rng: SimRng,
     /// Last time a user slice started (interrupt latency accounting).
@@ -148,6 +152,7 @@ impl Cpu {
             lock_sleeping: false,
             lazy_left: None,
             op: None,
+            lock_path: None,
             rng,
             slice_start: Cycles::ZERO,
             inflight: None,

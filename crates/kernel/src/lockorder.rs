@@ -82,7 +82,9 @@
 //! Contention: an acquisition that found the lock held counts in
 //! `lock.<class>.contended`, and its wait in `lock.<class>.wait_cycles`
 //! (a sleep lock: only an acquisition that had to wait; readers granted
-//! beside readers count in `sleeplock.shared_grants`).
+//! beside readers count in `sleeplock.shared_grants`). Each acquisition is
+//! counted again as `lock.<class>.<path>.*` for the kernel path the CPU's
+//! thread is in (`fault`, `fork`, `exit`, `syscall`: `Cpu::lock_path`).
 //! Locks no class was given for (other protocols' own locks) are neither
 //! checked nor counted.
 
@@ -307,14 +309,23 @@ impl Sim {
         let mut w = self.w();
         let now = w.now();
         w.lockorder.held[cpu.index()].push((l, class));
+        let name = class.name();
+        let path = w.cpus[cpu.index()].lock_path;
         if busy {
-            let name = class.name();
             w.counters.add(&format!("lock.{name}.contended"), 1);
             w.counters
                 .add(&format!("lock.{name}.wait_cycles"), (now - since).0);
         }
-        w.counters
-            .add(&format!("lock.{}.acquired", class.name()), 1);
+        w.counters.add(&format!("lock.{name}.acquired"), 1);
+        // The same, per kernel path of the acquiring thread (`Cpu::lock_path`).
+        if let Some(p) = path {
+            if busy {
+                w.counters.add(&format!("lock.{name}.{p}.contended"), 1);
+                w.counters
+                    .add(&format!("lock.{name}.{p}.wait_cycles"), (now - since).0);
+            }
+            w.counters.add(&format!("lock.{name}.{p}.acquired"), 1);
+        }
     }
 
     /// balan92 §Examples of the Locking requirements, `hat_memload`: "The

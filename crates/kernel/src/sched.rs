@@ -80,6 +80,19 @@ impl Sim {
             .trap
             .take()
             .expect("trap recorded");
+        let path = match &trap {
+            Trap::Fault { .. } => "fault",
+            Trap::Op(Op::Syscall(crate::program::Syscall::Fork { .. })) => "fork",
+            Trap::Op(Op::Syscall(_)) => "syscall",
+            Trap::Op(Op::Exit) => "exit",
+            Trap::Op(_) => "other",
+        };
+        self.w().cpus[cpu.index()].lock_path = Some(path);
+        self.run_trap(cpu, tid, trap).await;
+        self.w().cpus[cpu.index()].lock_path = None;
+    }
+
+    async fn run_trap(&self, cpu: CpuId, tid: ThreadId, trap: Trap) {
         match trap {
             Trap::Fault { va, store } => self.vm_fault(cpu, tid, va, store).await,
             Trap::Op(Op::Syscall(s)) => self.syscall(cpu, tid, s).await,

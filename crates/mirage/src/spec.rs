@@ -1,5 +1,7 @@
-//! The experiment specs of `experiments/fleisch89/*.toml`, one per table or
-//! figure, with the paper's numbers beside the parameters. Unknown keys are
+//! The experiment specs of `experiments/fleisch89/paper-data/*.toml`, one
+//! per table or figure, with the paper's numbers beside the parameters.
+//! They are reproduce-only (`mmulab reproduce fleisch89` reads them; they
+//! are not `mmulab run` specs), hence `paper-data/`. Unknown keys are
 //! errors that name the key (serde's `deny_unknown_fields`); impossible
 //! values are errors that name the key too.
 
@@ -47,10 +49,12 @@ pub struct WorstCasePaper {
     pub request_interrupts_per_cycle: u64,
     pub input_interrupts_per_cycle: u64,
     pub local_faults_per_cycle: u64,
+    pub raw_communication_ms_per_cycle: f64,
     pub budget_ms_per_cycle: f64,
     pub bound_cycles_per_s: f64,
     pub single_site_no_yield_cycles_per_s: f64,
     pub single_site_yield_cycles_per_s: f64,
+    pub single_site_yield_speedup: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -125,9 +129,12 @@ pub fn parse<T: for<'de> Deserialize<'de>>(file: &str, text: &str) -> Result<T, 
     })
 }
 
-/// Loads `fleisch89/NAME` from the experiments.
+/// Where the specs live under the experiments: `fleisch89/paper-data/`.
+pub const DIR: &str = "fleisch89/paper-data";
+
+/// Loads `fleisch89/paper-data/NAME` from the experiments.
 pub fn load<T: for<'de> Deserialize<'de>>(src: &Experiments, name: &str) -> Result<T, Error> {
-    let rel = format!("fleisch89/{name}");
+    let rel = format!("{DIR}/{name}");
     let text = src.read(&rel).map_err(|e| Error::Spec {
         file: src.origin(&rel),
         message: e.to_string(),

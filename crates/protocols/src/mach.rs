@@ -80,8 +80,10 @@ impl Mach {
     }
 
     /// Phase 2 and 4 of a responder, shared by the interrupt handler and by
-    /// an idle CPU about to become active.
-    async fn respond(&self, sim: &Sim, me: CpuId) {
+    /// an idle CPU about to become active. Only the interrupt handler's time
+    /// is a responder sample: black89 §6 timed "the elapsed time in the
+    /// interrupt service routine", which an idle CPU's catch-up is not.
+    async fn respond(&self, sim: &Sim, me: CpuId, in_interrupt: bool) {
         let costs = sim.costs();
         let start = sim.now();
         let mut kernel = false;
@@ -105,8 +107,13 @@ impl Mach {
         let _ = costs;
         if processed > 0 {
             let kind = if kernel { "kernel" } else { "user" };
+            let what = if in_interrupt {
+                "responder"
+            } else {
+                "idle_responder"
+            };
             sim.record(
-                &format!("shootdown.{kind}.responder_cycles"),
+                &format!("shootdown.{kind}.{what}_cycles"),
                 (sim.now() - start).0 as f64,
             );
         }
@@ -280,10 +287,14 @@ impl Protocol for Mach {
             } else {
                 sim.count(&format!("mach.{kind}.lazy_skips"), 1);
             }
-            // Phase 3.
+            // Phase 3: the responders spin through it; the initiator's timer
+            // (§6: until it "can begin making its changes") has stopped.
             let edit = sim.w().pt_apply(me, &u);
-            sim.delay(me, Cycles(costs.pte_write_cycles * edit.changed))
-                .await;
+            sim.delay(
+                me,
+                Cycles((costs.pte_write_cycles + costs.pmap_change_page_cycles) * edit.changed),
+            )
+            .await;
             sim.unlock_pmap(me, u.pmap).await;
             self.cpus.borrow_mut()[me.index()].active = true;
             sim.restore_ipl(me, saved).await;
@@ -294,7 +305,7 @@ impl Protocol for Mach {
         Box::pin(async move {
             self.cpus.borrow_mut()[me.index()].interrupt_pending = false;
             let saved = sim.set_ipl(me, Ipl::ALL);
-            self.respond(sim, me).await;
+            self.respond(sim, me, true).await;
             sim.set_ipl(me, saved);
         })
     }
@@ -327,7 +338,7 @@ impl Protocol for Mach {
             let saved = sim.set_ipl(me, Ipl::ALL);
             if self.cpus.borrow()[me.index()].action_needed {
                 sim.count("mach.idle_actions_processed", 1);
-                self.respond(sim, me).await;
+                self.respond(sim, me, false).await;
             }
             self.cpus.borrow_mut()[me.index()].active = true;
             sim.restore_ipl(me, saved).await;

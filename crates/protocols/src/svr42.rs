@@ -90,6 +90,25 @@ enum Shot {
 /// of a table's 1024 entries.
 const CHUNK_PTES: u64 = 32;
 
+/// The lazy algorithm's single cookie words, priced as instructions at
+/// the preset's `ref_cycles` (its clocks per instruction) plus `mem_cycles`
+/// for a line another processor last wrote (the preset states the counts
+/// with its costs). The early test of `hat_shutdown`: load the global
+/// least-recently-flushed cookie (other initiators write it: a miss),
+/// compare strictly, branch.
+const EARLY_TEST: (u64, u64) = (3, 1);
+/// Publishing the recomputed least-recently-flushed cookie: one store to
+/// the line every early test reads (a bus access).
+const PUBLISH_MIN: (u64, u64) = (1, 1);
+/// A CPU's stamp of its own cookie at a full flush: load `lbolt`, store
+/// it in its own engine's cookie (its own line: no bus access).
+const STAMP: (u64, u64) = (2, 0);
+
+/// The cycles of `(instructions, bus accesses)`.
+fn words(costs: &mmulab_kernel::Costs, (instructions, misses): (u64, u64)) -> Cycles {
+    Cycles(instructions * costs.ref_cycles + misses * costs.mem_cycles)
+}
+
 pub struct Svr42 {
     mutation: Mutation,
     /// §Other Architectures: single-entry flushes up to this many pages
@@ -287,18 +306,21 @@ impl Svr42 {
     }
 
     /// Takes each page's spin lock to unlink its mapping-chunk entry (the
-    /// sim's pv lists were updated with the PTE; this is the lock and its
-    /// time). `held`: a page whose spin lock the caller already holds
-    /// (`hat_pageunload`'s).
+    /// sim's pv lists were updated with the PTE; this is the lock and the
+    /// edit's time, `pmap_change_page_cycles`: find the entry on the
+    /// page's mapping chain, unlink it, harvest the PTE's modify and
+    /// reference bits into the page). `held`: a page whose spin lock the
+    /// caller already holds (`hat_pageunload`'s).
     async fn edit_chains(&self, sim: &Sim, me: CpuId, pfns: &[u64], held: Option<u64>) {
+        let edit = Cycles(sim.costs().pmap_change_page_cycles);
         for &pfn in pfns {
             if Some(pfn) == held {
-                let c = sim.costs().pte_write_cycles;
-                sim.delay(me, Cycles(c)).await;
+                sim.delay(me, edit).await;
                 continue;
             }
             let (lock, _) = sim.page_locks(pfn);
             sim.lock(me, lock).await;
+            sim.delay(me, edit).await;
             sim.unlock(me, lock).await;
         }
     }
@@ -392,11 +414,12 @@ impl Svr42 {
         }
     }
 
-    /// Entries a range operation examines (§Background). Both ways skip
-    /// page tables that do not exist (no level-1 entry). With mapping
-    /// chunks, one per 32 PTEs and present only while one of its PTEs is
-    /// valid, each chunk slot is checked and only present chunks' PTEs are
-    /// looked at; without them every PTE of the range is.
+    /// Entries a range operation examines (§Background): the level-1
+    /// entry of each page table the range covers, then, both ways, nothing
+    /// more in page tables that do not exist. With mapping chunks, one per
+    /// 32 PTEs and present only while one of its PTEs is valid, each chunk
+    /// slot is checked and only present chunks' PTEs are looked at; without
+    /// them every PTE of the range is.
     fn entries_examined(&self, sim: &Sim, u: &Update) -> u64 {
         let mut w = sim.w();
         let fmt = w.cfg.pt_format;
@@ -407,10 +430,12 @@ impl Svr42 {
             present_chunks.insert(v.0 / CHUNK_PTES);
         });
         let root = w.pmaps[u.pmap.0 as usize].root;
+        let mut l1_entries = 0;
         let mut slots = 0;
         let mut chunk_slots = 0;
         let mut v = u.start.0;
         while v < end {
+            l1_entries += 1;
             let table_end = ((v / span + 1) * span).min(end);
             let wk = mmulab_machine::pagetable::walk(&w.mem, fmt, root, Vpn(v));
             if wk.leaf {
@@ -429,9 +454,9 @@ impl Svr42 {
                     hi - lo
                 })
                 .sum();
-            chunk_slots + chunk_ptes
+            l1_entries + chunk_slots + chunk_ptes
         } else {
-            slots
+            l1_entries + slots
         }
     }
 
@@ -440,7 +465,7 @@ impl Svr42 {
         let costs = sim.costs();
         self.cookies.borrow_mut()[cpu.index()] = sim.lbolt();
         let c = sim.tlb_flush(cpu);
-        sim.delay(cpu, c + Cycles(costs.hat_cookie_cycles)).await;
+        sim.delay(cpu, c + words(&costs, STAMP)).await;
     }
 
     /// Interrupts `targets` with `req` and waits until each has begun its
@@ -470,7 +495,7 @@ impl Svr42 {
         if let Cookie::Age(c) = cookie {
             // The early return: every TLB has been flushed since the
             // cookie was taken.
-            sim.delay(me, Cycles(costs.hat_cookie_cycles)).await;
+            sim.delay(me, words(&costs, EARLY_TEST)).await;
             let all_flushed = match self.mutation {
                 Mutation::NoCookieCheck => true,
                 _ => !self.older(self.min_cookie.get(), c),
@@ -522,12 +547,11 @@ impl Svr42 {
             (targets, flush_me, new_min)
         };
         if let Cookie::Age(_) = cookie {
-            // Each online CPU's cookie is compared, each selected one
-            // stored, and each read again for the minimum.
+            // One pass of the engine loop per online CPU (`hat_cookie_cycles`:
+            // load its cookie, compare, restamp it if selected, add it to
+            // the interrupt mask, keep the minimum, loop control).
             let n = sim.w().cpus.iter().filter(|c| c.online).count() as u64;
-            let accesses = 2 * n + targets.len() as u64 + u64::from(flush_me);
-            sim.delay(me, Cycles(costs.hat_cookie_cycles * accesses))
-                .await;
+            sim.delay(me, Cycles(costs.hat_cookie_cycles * n)).await;
         }
         // Step 3 (the initiator flushes its own TLB itself).
         if flush_me || cookie == Cookie::NoCookie {
@@ -542,6 +566,7 @@ impl Svr42 {
         // handler (it runs nothing else before its flush).
         if let Some(m) = new_min {
             self.min_cookie.set(self.min_cookie.get().max(m));
+            sim.delay(me, words(&costs, PUBLISH_MIN)).await;
         }
         // Step 4: unlock once every responder has begun; do not wait for
         // their flushes.

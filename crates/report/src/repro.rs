@@ -386,6 +386,17 @@ pub struct ContractError {
     pub problem: String,
 }
 
+/// Whether a calibration target covers `row`: a target is an artefact
+/// (`Fig. 2`: every row of it) or one quantity of an artefact
+/// (`Table 3 / processors`: a workload characteristic the paper tabulates
+/// beside the times it reports, which stay predictions).
+pub fn fitted_to(target: &str, row: &ReproRow) -> bool {
+    match target.split_once(" / ") {
+        Some((artefact, quantity)) => artefact == row.artefact && quantity == row.quantity,
+        None => target == row.artefact,
+    }
+}
+
 /// `reproduce-PAPER.json`: one object.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReproReport {
@@ -421,7 +432,6 @@ impl ReproReport {
         provenance: &Provenance,
     ) -> Result<ReproReport, ContractError> {
         let calibration = &table.calibration;
-        let fitted: BTreeSet<&str> = calibration.values().map(String::as_str).collect();
         for r in &table.rows {
             let fail = |problem: String| ContractError {
                 paper: paper.into(),
@@ -432,16 +442,15 @@ impl ReproReport {
             if r.basis == Basis::Unset {
                 return Err(fail("no basis".into()));
             }
-            if r.basis == Basis::Emergent && fitted.contains(r.artefact.as_str()) {
+            let fitted: Vec<&str> = calibration
+                .iter()
+                .filter(|(_, target)| fitted_to(target, r))
+                .map(|(k, _)| k.as_str())
+                .collect();
+            if r.basis == Basis::Emergent && !fitted.is_empty() {
                 return Err(fail(format!(
-                    "emergent, but the preset was fitted to {} ({})",
-                    r.artefact,
-                    calibration
-                        .iter()
-                        .filter(|(_, a)| **a == r.artefact)
-                        .map(|(k, _)| k.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "emergent, but the preset was fitted to it ({})",
+                    fitted.join(", ")
                 )));
             }
             if r.basis == Basis::Calibrated {
@@ -693,6 +702,15 @@ mod tests {
         t.push(ReproRow::numeric("Fig. 2", "slope", 55.0, 55.0, 5.0).emergent());
         let e = ReproReport::new("p", t, true, &prov()).unwrap_err();
         assert!(e.to_string().contains("costs.ipi_send_cycles"), "{e}");
+        // A target naming one quantity blocks that quantity only.
+        let mut t = table();
+        t.calibration
+            .insert("workload.jobs".into(), "Table 2 / processors".into());
+        t.push(ReproRow::numeric("Table 2", "median", 939.0, 900.0, 25.0).emergent());
+        assert!(ReproReport::new("p", t.clone(), true, &prov()).is_ok());
+        t.push(ReproRow::numeric("Table 2", "processors", 6.3, 6.3, 25.0).emergent());
+        let e = ReproReport::new("p", t, true, &prov()).unwrap_err();
+        assert!(e.to_string().contains("workload.jobs"), "{e}");
         let mut t = table();
         t.push(ReproRow::numeric("Fig. 2", "slope", 55.0, 55.0, 5.0).calibrated(&["costs.nope"]));
         let e = ReproReport::new("p", t, true, &prov()).unwrap_err();

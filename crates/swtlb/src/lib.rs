@@ -7,6 +7,10 @@
 //!   (§5.4, fn. 1) and FIFO/random per partition (Fig. 10).
 //! * [`pagetable`]: the page-table entry classes of Fig. 3 (L1U, L1K, L2, L3) and where
 //!   each PTE lives, for the 3-level OSF/1 and Mach 3.0 tables and Ultrix's 2-level one.
+//! * [`r2000`]: the R2000 itself (64 entries, 8 wired, the Random register counting down
+//!   each cycle, 6-bit ASIDs with a flush on rollover) and the trap-driven run of one
+//!   OS's reference stream on it (`mmulab trace sim --r2000`); it is also Tapeworm's
+//!   real TLB in [`sim::simulate_trap`].
 //! * [`costs`]: the miss types of Table III and the `decstation3100-1994` cost preset.
 //! * [`os`]: the OS models of Table IV and §4.2 (what a system call touches).
 //! * [`sim`]: the miss handler (`swtlb`), direct simulation of many configurations, the
@@ -23,6 +27,7 @@
 pub mod costs;
 pub mod os;
 pub mod pagetable;
+pub mod r2000;
 pub mod sim;
 pub mod tlb;
 pub mod workload;
@@ -30,6 +35,7 @@ pub mod workload;
 pub use costs::{CostPreset, MissType};
 pub use os::{OsKind, OsParams};
 pub use pagetable::{Key, PteClass};
+pub use r2000::{R2000, R2000Config, R2000Outcome, simulate_r2000};
 pub use sim::{
     DynamicPartition, Outcome, Placement, SimError, TlbSetup, simulate_direct, simulate_trap,
 };

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::costs::{CostPreset, MissType};
 use crate::os::{INVALID, MODIFY, OsKind, SysRef};
 use crate::pagetable::{Key, PteClass, l2_of_user, l3_of_l1k, l3_of_l2};
+use crate::r2000::{R2000, R2000_WIRED, R2000Config};
 use crate::tlb::{Part, Repl, SwTlb};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -436,10 +437,17 @@ pub struct TrapStats {
     pub real_misses: u64,
     /// Entries shot out of the real TLB because some configuration evicted them.
     pub shootouts: u64,
+    /// Real-TLB entries replaced at the Random register.
+    pub real_evictions: u64,
+    /// ASID rollovers of the real R2000 (each a flush of its non-global entries).
+    pub asid_flushes: u64,
 }
 
-/// Tapeworm's `trap` mode (uhlig94 §3.2): a modelled real TLB of `real_slots` sees every
-/// reference; the simulated configurations run only on its misses. The real TLB holds
+/// Tapeworm's `trap` mode (uhlig94 §3.2): the host's R2000 ([`R2000`]: `real_slots`
+/// entries, 8 of them wired when there are more than 8, fills at the Random register that
+/// counts down each cycle, ASIDs that run out and flush) sees every reference; a miss on it
+/// traps, and only then do the simulated configurations run their miss handlers, whose
+/// evictions feed back into what the host TLB may hold. The real TLB holds
 /// only entries that every configuration holds (a victim in any configuration is shot out
 /// of it; it is refilled only with what all hold), so a real hit is a hit everywhere, and
 /// since FIFO and random replacement ignore hits the result equals [`simulate_direct`]'s.
@@ -467,17 +475,26 @@ pub fn simulate_trap(
         .enumerate()
         .map(|(i, s)| Machine::new(s, os, costs, seed, i))
         .collect();
-    let mut real = SwTlb::new(
-        real_slots,
-        0,
-        0,
-        Repl::Fifo,
-        Repl::Fifo,
-        SimRng::new(seed, "swtlb/real"),
-    );
+    // The host's R2000 (§3.2): its wired slots hold the host kernel's own L2 PTEs, so
+    // simulated entries go in at the Random register only; its ASIDs run out like any
+    // R2000's (a flush only drops entries, which keeps inclusion).
+    let mut real = R2000::new(R2000Config {
+        slots: real_slots,
+        wired: if real_slots > R2000_WIRED {
+            R2000_WIRED
+        } else {
+            0
+        },
+        ..R2000Config::default()
+    });
+    // [A] a Tapeworm trap takes the uTLB path's cycles on the host's clock (the paper
+    // does not time Tapeworm's own trap); only the Random register sees it.
+    let trap_cycles = costs.cycles_of(MissType::L1U).round() as u64;
     let mut st = TrapStats::default();
     for (n, r) in stream.iter().enumerate() {
         st.refs += 1;
+        real.clock += 1;
+        real.run(r.key.task());
         if real.contains(r.key) {
             st.real_hits += 1;
             if r.flags & MODIFY != 0 {
@@ -487,7 +504,9 @@ pub fn simulate_trap(
             }
             continue;
         }
+        // The trap: every simulated configuration runs its own miss handler.
         st.real_misses += 1;
+        real.clock += trap_cycles;
         let mut all_hold = true;
         for m in &mut machines {
             m.reference(*r, n as u64);
@@ -498,14 +517,15 @@ pub fn simulate_trap(
             }
             all_hold &= m.tlb.contains(r.key);
         }
-        if all_hold {
-            real.insert(r.key, Part::Upper);
+        if all_hold && real.write_random(r.key).is_some() {
+            st.real_evictions += 1;
         }
         debug_assert!(
             machines.iter().all(|m| m.tlb.contains(r.key) || !all_hold),
             "inclusion"
         );
     }
+    st.asid_flushes = real.flushes;
     Ok((machines.into_iter().map(|m| m.out).collect(), st))
 }
 

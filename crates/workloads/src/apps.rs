@@ -522,6 +522,11 @@ pub struct CamelotSpec {
     /// References between reprotections.
     #[serde(default = "CamelotSpec::default_refs")]
     pub refs_between: u64,
+    /// Cycles each thread blocks after a reprotect pair (a transaction
+    /// waiting on its log or a message): a blocked thread leaves its CPU,
+    /// so fewer of the task's processors use the pmap at a shootdown.
+    #[serde(default)]
+    pub sleep_cycles: u64,
 }
 
 impl CamelotSpec {
@@ -663,13 +668,17 @@ impl Program for CamelotThread {
                     prot: Prot::Read,
                 })
             }
-            _ => {
-                self.step = 0;
+            2 => {
+                self.step = if self.spec.sleep_cycles > 0 { 3 } else { 0 };
                 Op::Syscall(Syscall::Mprotect {
                     va: region,
                     pages: self.spec.shared_pages,
                     prot: Prot::ReadWrite,
                 })
+            }
+            _ => {
+                self.step = 0;
+                Op::Sleep(self.spec.sleep_cycles)
             }
         }
     }

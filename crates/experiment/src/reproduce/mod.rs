@@ -7,6 +7,8 @@ pub mod black89;
 pub mod romanescu10;
 pub mod uhlig94;
 
+use std::collections::BTreeMap;
+
 use mmulab_report::Experiments;
 
 use crate::spec::{Spec, SpecError};
@@ -41,6 +43,33 @@ impl PaperSpec {
             paper,
             origin,
         })
+    }
+
+    /// The spec's own fitted inputs: `[paper.calibration]`, each spec key
+    /// (e.g. `workload.jobs`) to the artefact (or `artefact / quantity`)
+    /// it was fitted to. Empty when the spec fitted nothing.
+    pub fn calibration(&self) -> Result<BTreeMap<String, String>, SpecError> {
+        let Some(v) = self.paper.get("calibration") else {
+            return Ok(BTreeMap::new());
+        };
+        let t = v.as_table().ok_or_else(|| {
+            SpecError::Invalid(format!(
+                "{}: paper.calibration: expected a table",
+                self.origin
+            ))
+        })?;
+        t.iter()
+            .map(|(k, v)| {
+                v.as_str()
+                    .map(|a| (k.clone(), a.to_string()))
+                    .ok_or_else(|| {
+                        SpecError::Invalid(format!(
+                            "{}: paper.calibration.{k}: expected an artefact name",
+                            self.origin
+                        ))
+                    })
+            })
+            .collect()
     }
 
     pub fn spec(&self, sets: &[String]) -> Result<Spec, SpecError> {

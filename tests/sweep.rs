@@ -1,0 +1,445 @@
+//! `mmulab sweep`: the real binary on small sweeps the tests write. The
+//! merged results must be the same bytes however the tasks ran: one
+//! thread, two threads, two shards, a killed run resumed, or a Slurm
+//! job array on the one-node cluster of scripts/slurm-local.sh.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn mmulab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mmulab-sweep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A 2x2 grid x 4 seeds over the tester: 16 tasks. Disabled-interrupt
+/// windows drawn from the seed make the seeds differ.
+const GRID: &str = r#"base = "experiments/tester.toml"
+seeds = { start = 1, count = 4 }
+[grid]
+protocol = ["mach", "global"]
+"machine.cpus" = [12, 16]
+"kernel.trap_disabled_mean_cycles" = [3000]
+"#;
+
+fn write_sweep(dir: &Path, text: &str) -> String {
+    let p = dir.join("grid.toml");
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn sweep(args: &[&str]) -> Output {
+    let mut a = vec!["sweep"];
+    a.extend_from_slice(args);
+    mmulab(&a)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The merged results whose bytes must not depend on how tasks ran.
+fn merged(dir: &Path) -> (String, String) {
+    (
+        read(&dir.join("results.csv")),
+        read(&dir.join("summary.csv")),
+    )
+}
+
+fn assert_same(a: &Path, b: &Path) {
+    let (ra, sa) = merged(a);
+    let (rb, sb) = merged(b);
+    assert!(
+        ra == rb,
+        "results.csv of {} and {} differ",
+        a.display(),
+        b.display()
+    );
+    assert!(
+        sa == sb,
+        "summary.csv of {} and {} differ",
+        a.display(),
+        b.display()
+    );
+}
+
+#[test]
+fn jobs_1_jobs_2_and_two_merged_shards_give_the_same_bytes() {
+    let t = tmp("identical");
+    let s = write_sweep(&t, GRID);
+    let one = t.join("jobs1");
+    let two = t.join("jobs2");
+    let shards = t.join("shards");
+    let o = sweep(&[&s, "--out", one.to_str().unwrap(), "--jobs", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sweep(&[&s, "--out", two.to_str().unwrap(), "--jobs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for shard in ["1/2", "0/2"] {
+        let o = sweep(&[&s, "--out", shards.to_str().unwrap(), "--shard", shard]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(!shards.join("results.csv").exists(), "a shard merged");
+    }
+    let o = sweep(&["merge", shards.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_same(&one, &two);
+    assert_same(&one, &shards);
+
+    // The tidy contract: key columns, then seed, metric, value, unit,
+    // oracle; every task's metrics; seeds that differ.
+    let (results, summary) = merged(&one);
+    let mut rows = csv::Reader::from_reader(results.as_bytes());
+    let header: Vec<String> = rows.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        [
+            "kernel.trap_disabled_mean_cycles",
+            "machine.cpus",
+            "protocol",
+            "seed",
+            "metric",
+            "value",
+            "unit",
+            "oracle"
+        ]
+    );
+    let rows: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    let cycles: Vec<(&str, &str, &str, f64)> = rows
+        .iter()
+        .filter(|r| &r[4] == "simulated_cycles")
+        .map(|r| (&r[1], &r[2], &r[3], r[5].parse().unwrap()))
+        .collect();
+    assert_eq!(cycles.len(), 16, "one simulated_cycles row per task");
+    assert!(rows.iter().all(|r| &r[7] == "consistent"));
+    let mach12: Vec<f64> = cycles
+        .iter()
+        .filter(|c| c.0 == "12" && c.1 == "mach")
+        .map(|c| c.3)
+        .collect();
+    assert_eq!(mach12.len(), 4);
+    assert!(
+        mach12.iter().any(|c| *c != mach12[0]),
+        "the seeds should differ: {mach12:?}"
+    );
+    // summary.csv: the mean of those four, and a CI around it.
+    let mut sum = csv::Reader::from_reader(summary.as_bytes());
+    let h: Vec<String> = sum.headers().unwrap().iter().map(String::from).collect();
+    for col in [
+        "metric",
+        "unit",
+        "n",
+        "mean",
+        "sd",
+        "ci95_low",
+        "ci95_high",
+        "median",
+        "p5",
+        "p95",
+        "oracle",
+    ] {
+        assert!(h.iter().any(|c| c == col), "summary.csv lacks {col}: {h:?}");
+    }
+    let at = |name: &str| h.iter().position(|c| c == name).unwrap();
+    let row = sum
+        .records()
+        .map(Result::unwrap)
+        .find(|r| &r[1] == "12" && &r[2] == "mach" && &r[at("metric")] == "simulated_cycles")
+        .expect("a summary row");
+    let mean: f64 = row[at("mean")].parse().unwrap();
+    let want = mach12.iter().sum::<f64>() / 4.0;
+    assert!((mean - want).abs() < 1e-6 * want, "{mean} vs {want}");
+    let (lo, hi): (f64, f64) = (
+        row[at("ci95_low")].parse().unwrap(),
+        row[at("ci95_high")].parse().unwrap(),
+    );
+    assert!(lo < mean && mean < hi, "{lo} {mean} {hi}");
+    assert_eq!(&row[at("n")], "4");
+
+    // manifest.json: the build, the plan, and every task done.
+    let m: serde_json::Value = serde_json::from_str(&read(&one.join("manifest.json"))).unwrap();
+    for key in [
+        "schema_version",
+        "mmulab_version",
+        "git_commit",
+        "binary",
+        "binary_sha256",
+        "sweep_sha256",
+        "base",
+        "tasks",
+        "points",
+        "columns",
+    ] {
+        assert!(m.get(key).is_some(), "manifest.json lacks {key}");
+    }
+    assert_eq!(m["base"]["sha256"].as_str().unwrap().len(), 64);
+    let tasks = m["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 16);
+    assert!(tasks.iter().all(|t| t["status"] == "done"), "{tasks:?}");
+    assert_eq!(tasks[5]["id"], "p1-s2");
+
+    let o = sweep(&["status", shards.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("done 16 of 16 tasks"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn a_killed_sweep_resumes_and_reruns_only_the_torn_task() {
+    let t = tmp("resume");
+    let s = write_sweep(&t, GRID);
+    let full = t.join("full");
+    let o = sweep(&[&s, "--out", full.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // Half the tasks, then a torn last line: the process was killed while
+    // writing its eighth record.
+    let d = t.join("killed");
+    let o = sweep(&[&s, "--out", d.to_str().unwrap(), "--shard", "0/2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let part = std::fs::read_dir(d.join("parts"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .unwrap();
+    let body = read(&part);
+    assert_eq!(body.lines().count(), 8);
+    std::fs::write(&part, &body[..body.len() - 20]).unwrap();
+
+    let o = sweep(&["merge", d.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("9 of 16 tasks are not done"),
+        "{}",
+        text(&o)
+    );
+    let o = sweep(&[&s, "--out", d.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "without --resume: {}", text(&o));
+    assert!(text(&o).contains("pass --resume"), "{}", text(&o));
+
+    let o = sweep(&[&s, "--out", d.to_str().unwrap(), "--resume"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("ran 9 (7 already done)"), "{}", text(&o));
+    assert_same(&full, &d);
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn bad_sweep_input_exits_2_naming_it_before_any_task_runs() {
+    let t = tmp("bad");
+    let out = t.join("out");
+    let cases = [
+        (
+            GRID.replace("\"machine.cpus\"", "\"machine.cpuz\""),
+            "machine.cpuz",
+        ),
+        (
+            GRID.replace("[12, 16]", "[12, 0]"),
+            "point 2 (kernel.trap_disabled_mean_cycles=3000, machine.cpus=0, protocol=\"mach\"): machine.cpus: must be 1 to 1024",
+        ),
+        (
+            GRID.replace("protocol = [", "seed = [1]\nprotocol = ["),
+            "`seed` cannot be swept",
+        ),
+        (GRID.replace("count = 4", "count = 0"), "seeds.count"),
+        (
+            GRID.replace("experiments/tester.toml", "no/such.toml"),
+            "no spec `no/such.toml`",
+        ),
+        (GRID.replace("[grid]", "gird = 1\n[grid]"), "gird"),
+    ];
+    for (sweep_text, named) in cases {
+        let s = write_sweep(&t, &sweep_text);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
+    }
+    let s = write_sweep(&t, GRID);
+    let o = sweep(&[&s, "--out", out.to_str().unwrap(), "--shard", "2/2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // A folder of another sweep is never added to, even with --resume.
+    let o = sweep(&[&s, "--out", out.to_str().unwrap(), "--shard", "0/4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let other = write_sweep(&t, &GRID.replace("count = 4", "count = 5"));
+    let o = sweep(&[&other, "--out", out.to_str().unwrap(), "--resume"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("holds another sweep"), "{}", text(&o));
+    // Nor is a folder that holds something else.
+    let o = sweep(&[&s, "--out", t.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("holds no sweep"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn a_check_sweep_agrees_with_mmulab_check_and_catches_the_negative_control() {
+    let t = tmp("check");
+    let s = write_sweep(
+        &t,
+        "kind = \"check\"\nseeds = { start = 1, count = 40 }\n[grid]\nprotocol = [\"mach\", \"none\"]\n",
+    );
+    let d = t.join("out");
+    let o = sweep(&[&s, "--out", d.to_str().unwrap(), "--jobs", "2"]);
+    // `none` never shoots: the oracle catches it, and the sweep exits 1.
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = |p: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("check {p}:")))
+            .unwrap_or_else(|| panic!("no check line for {p}: {out}"))
+            .to_string()
+    };
+    let c = mmulab(&["check", "--protocol", "mach", "--seeds", "40", "--json"]);
+    assert!(c.status.success(), "{}", text(&c));
+    let r: serde_json::Value = serde_json::from_slice(&c.stdout).unwrap();
+    let mach = line("mach");
+    assert!(
+        mach.contains(&format!(
+            "{} translation uses checked, {} shootdown interrupts; violations: 0",
+            r["checked_uses"], r["shootdowns"]
+        )),
+        "sweep: {mach}\ncheck: {r}"
+    );
+    let none = line("none");
+    assert!(!none.contains("violations: 0 "), "{none}");
+    assert!(
+        out.contains("replay: mmulab check --protocol none --start"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+/// Whether the one-node cluster answers; starts it (as root, when Slurm
+/// is installed) with scripts/slurm-local.sh when it does not.
+fn slurm_ready() -> Result<(), String> {
+    let idle = || -> Result<(), String> {
+        let o = Command::new("sinfo")
+            .args(["-h", "-o", "%T"])
+            .output()
+            .map_err(|e| format!("sinfo: {e}"))?;
+        let states = String::from_utf8_lossy(&o.stdout).into_owned();
+        if o.status.success()
+            && states.lines().any(|s| {
+                ["idle", "mixed", "allocated"]
+                    .iter()
+                    .any(|k| s.starts_with(k))
+            })
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "sinfo: {} {}",
+                states.trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))
+        }
+    };
+    let Err(first) = idle() else {
+        return Ok(());
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-local.sh");
+    let o = Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("{first}; cannot run bash {}: {e}", script.display()))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{first}; scripts/slurm-local.sh failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    idle()
+}
+
+#[test]
+fn a_slurm_job_array_gives_the_same_bytes_as_local() {
+    if let Err(why) = slurm_ready() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set, so this test may not be skipped: Slurm cannot start: {why}"
+        );
+        // Straight to the process's stderr: the harness swallows
+        // eprintln! of a passing test, and a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED a_slurm_job_array_gives_the_same_bytes_as_local: Slurm cannot start here ({why}); scripts/slurm-local.sh sets it up as root"
+        );
+        return;
+    }
+    let t = tmp("slurm");
+    // chunk = 4: four array tasks of one point (4 seeds) each.
+    let s = write_sweep(&t, &format!("chunk = 4\n{GRID}"));
+    let local = t.join("local");
+    let slurm = t.join("slurm");
+    let o = sweep(&[&s, "--out", local.to_str().unwrap(), "--jobs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sweep(&[
+        &s,
+        "--out",
+        slurm.to_str().unwrap(),
+        "--backend",
+        "slurm",
+        "--wait",
+        "--slurm-arg=--time=00:05:00",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("array 0-3: 4 array task(s)"),
+        "{}",
+        text(&o)
+    );
+    assert_same(&local, &slurm);
+    let m: serde_json::Value = serde_json::from_str(&read(&slurm.join("manifest.json"))).unwrap();
+    let jobs = m["slurm_jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{m}");
+    assert!(jobs[0]["job_id"].as_str().unwrap().parse::<u64>().is_ok());
+    let script = read(&slurm.join("slurm/job-0.sh"));
+    assert!(script.contains("#SBATCH --time=00:05:00"), "{script}");
+    assert!(
+        script.contains("--shard \"$SLURM_ARRAY_TASK_ID/4\""),
+        "{script}"
+    );
+    // Four array tasks, each its own part file.
+    assert_eq!(std::fs::read_dir(slurm.join("parts")).unwrap().count(), 4);
+    // Submitting again finds nothing to do.
+    let o = sweep(&[
+        &s,
+        "--out",
+        slurm.to_str().unwrap(),
+        "--backend",
+        "slurm",
+        "--resume",
+        "--wait",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("all done already"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&t);
+}
