@@ -4,7 +4,7 @@
 //! * 0: it ran and every verdict is positive (consistent, within tolerance);
 //! * 1: it ran, but a verdict is negative (the oracle or a workload's check
 //!   found an inconsistency, a judged row is outside its tolerance, a check
-//!   found violations);
+//!   found violations, a sweep's tasks are incomplete or failed);
 //! * 2: it could not run: bad usage or bad input (the message names the
 //!   argument, key or line), or something it needs is missing;
 //! * 130: stopped by Ctrl-C; what ran is kept and printed.
@@ -345,7 +345,8 @@ enum HostCommand {
     },
 }
 
-/// Errors that mean the input was bad or the command could not run: exit 2.
+/// An error means the input was bad or the command could not run: exit 2
+/// (see the exit statuses at the top).
 fn main() -> ExitCode {
     let cli = Cli::parse();
     ui::set_quiet(cli.quiet);
@@ -356,7 +357,13 @@ fn main() -> ExitCode {
                 "mmulab: {}",
                 mmulab_experiment::spec::clip_message(&format!("{e:#}"))
             );
-            ExitCode::from(2)
+            // A sweep that ran but whose tasks are incomplete or failed
+            // has a negative outcome (mmulab_sweep::SweepError); every
+            // other error means the command could not run.
+            let ran = e
+                .downcast_ref::<mmulab_sweep::SweepError>()
+                .is_some_and(|e| !e.is_bad_input());
+            ExitCode::from(if ran { 1 } else { 2 })
         }
     }
 }

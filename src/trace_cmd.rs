@@ -223,7 +223,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 page_size,
                 seed,
             };
-            let r = simulate(&trace, &o, &read.options()).map_err(err)?;
+            let spin = ui::Spinner::new(&format!("trace sim: reading {}", trace.display()));
+            let r = simulate(&trace, &o, &read.options());
+            spin.finish();
+            let r = r.map_err(err)?;
             warn_all(&r.warnings);
             if json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -247,7 +250,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             read,
             json,
         } => {
-            let r = stack_sim(&trace, page_size, max, &read.options()).map_err(err)?;
+            let spin = ui::Spinner::new(&format!("trace stack: reading {}", trace.display()));
+            let r = stack_sim(&trace, page_size, max, &read.options());
+            spin.finish();
+            let r = r.map_err(err)?;
             warn_all(&r.warnings);
             if json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -296,9 +302,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let shift = mmulab_trace::page_shift(page_size).map_err(err)?;
-            let (summary, warnings) =
-                mmulab_trace::binary::convert(&log, &out, shift, 0, &read.options())
-                    .map_err(err)?;
+            let spin = ui::Spinner::new(&format!("trace convert: reading {}", log.display()));
+            let r = mmulab_trace::binary::convert(&log, &out, shift, 0, &read.options());
+            spin.finish();
+            let (summary, warnings) = r.map_err(err)?;
             warn_all(&warnings);
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
