@@ -249,3 +249,22 @@ fn the_fuzzed_keys_are_real() {
         .count();
     assert!(ok > 20, "only {ok} cost keys took a sane value");
 }
+
+/// `mmulab check` draws its specs from the seed; every protocol's draws
+/// pass the checks made before a run (a swarm spec refused would panic the
+/// sweep: `swarm specs are valid`), and their estimates fit the defaults.
+#[test]
+fn every_swarm_spec_passes_the_checks_before_a_run() {
+    let budget = Budget {
+        max_memory_bytes: 1 << 30,
+        max_work: mmulab_experiment::budget::DEFAULT_MAX_WORK,
+    };
+    for protocol in mmulab_protocols::names() {
+        for seed in 1..=150 {
+            let spec = mmulab_experiment::check::swarm_spec(protocol, seed);
+            if let Err(e) = spec.check_budget(&budget) {
+                panic!("{protocol} seed {seed}: {e}");
+            }
+        }
+    }
+}
