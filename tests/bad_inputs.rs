@@ -90,7 +90,7 @@ fn run(c: &Case, dir: &Path, tmp: &Path) -> Outcome {
     // file `make` wrote); `{tmp}` a scratch folder of its own.
     let input = match &c.make {
         Some((prefix, unit, count, suffix)) => {
-            let p = tmp.join("made-input");
+            let p = tmp.join("made-input.toml");
             let mut v = Vec::with_capacity(prefix.len() + unit.len() * count + suffix.len());
             v.extend(prefix.as_bytes());
             for _ in 0..*count {

@@ -46,6 +46,36 @@ pub const MAX_CYCLES: u64 = 1_000_000_000_000_000;
 /// largest TLB only delays the full flush it stands for.
 pub const MAX_ACTION_QUEUE: usize = mmulab_machine::TlbConfig::MAX_ENTRIES;
 
+/// A spec or preset file's text, refused past [`MAX_SPEC_BYTES`]. The
+/// limit is applied while reading (at most one byte past it is taken), so
+/// it holds for a file that grows, a pipe, or /dev/zero.
+pub(crate) fn read_bounded(path: &Path, what: &str) -> Result<String, SpecError> {
+    use std::io::Read;
+    let io = |err| SpecError::Io {
+        path: path.display().to_string(),
+        err,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_SPEC_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(invalid(format!(
+            "{}: {what} is at most {MAX_SPEC_BYTES} bytes (1 MiB)",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
 /// `s` cut to [`ECHO_CHARS`] characters, saying how long it was. A string
 /// already cut (its 200 characters and the `…`) is left as it is.
 pub fn clip(s: &str) -> String {
@@ -378,25 +408,7 @@ impl Spec {
         {
             return Spec::parse(&text, sets, &format!("experiments/{rel}"));
         }
-        let io = |err| SpecError::Io {
-            path: path.display().to_string(),
-            err,
-        };
-        // Sized before it is read: the limit holds for a file that grows
-        // while it is read too (at most one byte past it is taken).
-        use std::io::Read;
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .map_err(io)?
-            .take(MAX_SPEC_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(io)?;
-        if text.len() as u64 > MAX_SPEC_BYTES {
-            return Err(invalid(format!(
-                "{}: a spec file is at most {MAX_SPEC_BYTES} bytes (1 MiB)",
-                path.display()
-            )));
-        }
+        let text = read_bounded(path, "a spec file")?;
         Spec::parse(&text, sets, &path.display().to_string())
     }
 
