@@ -375,7 +375,8 @@ fn r2000_sim(
     seed: u64,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    use mmulab_experiment::reproduce::uhlig94::{R2000Os, r2000};
+    use mmulab_swtlb::os::OsKind as R2000Os;
+    use mmulab_swtlb::r2000;
     let os = R2000Os::from_key(os.key()).expect("every --os value is an OS");
     let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed)
         .map_err(|e| anyhow::anyhow!(e))?;

@@ -54,9 +54,14 @@ pub fn table3(preset: &Preset) -> Result<Table3Result, String> {
 #[derive(Clone, Debug)]
 pub struct PingPongResult {
     pub cycles_per_s: f64,
-    /// Mean per-cycle counts in the steady state.
+    /// Mean per-cycle counts in the steady state (whole numbers, rounded
+    /// down; [`PingPongResult::mean_per_cycle`] keeps the fraction).
     pub per_cycle: Counters,
+    /// The counts over the whole steady span.
+    pub steady_totals: Counters,
     pub steady_cycles: u64,
+    /// The steady span, in seconds.
+    pub steady_s: f64,
     /// The message timeline of one steady-state cycle (§7.2, Fig. 6).
     pub timeline: Vec<(u64, usize, String)>,
 }
@@ -109,16 +114,20 @@ fn steady_state(sim: &Sim, trials: u64) -> Result<PingPongResult, String> {
         .cloned()
         .unwrap_or_default();
     let cycles = marks.len().saturating_sub(1);
-    if cycles < 4 {
+    if cycles < 5 {
         return Err(format!("too few cycles ({cycles}) of {trials}"));
     }
-    let (a, b) = (cycles / 4, cycles - 1);
+    // The last cycle is left out too: the partner process exits in it, and
+    // its site's detach (check-in messages) is shutdown, not the steady state.
+    let (a, b) = (cycles / 4, cycles - 2);
     let span_s = (marks[b] - marks[a]) as f64 / 1e9;
     let steady_cycles = (b - a) as u64;
     let mut per_cycle = Counters::default();
+    let mut steady_totals = Counters::default();
     let (ca, cb) = (&sim.mark_counters[a], &sim.mark_counters[b]);
     for (k, v) in &cb.0 {
         per_cycle.add(k, (v - ca.get(k)) / steady_cycles.max(1));
+        steady_totals.add(k, v - ca.get(k));
     }
     let (t0, t1) = (marks[b - 1], marks[b]);
     let timeline = sim
@@ -134,9 +143,25 @@ fn steady_state(sim: &Sim, trials: u64) -> Result<PingPongResult, String> {
     Ok(PingPongResult {
         cycles_per_s: steady_cycles as f64 / span_s,
         per_cycle,
+        steady_totals,
         steady_cycles,
+        steady_s: span_s,
         timeline,
     })
+}
+
+impl PingPongResult {
+    /// The mean count of `key` per steady-state cycle.
+    pub fn mean_per_cycle(&self, key: &str) -> f64 {
+        self.steady_totals.get(key) as f64 / self.steady_cycles.max(1) as f64
+    }
+
+    /// The fraction of the steady span the sites' CPUs were busy (protocol
+    /// interrupts, server processes, context switches, user work), summed
+    /// over the sites: what the run leaves to other processes is the rest.
+    pub fn cpu_busy_fraction(&self) -> f64 {
+        self.steady_totals.get("cpu_busy_us") as f64 / 1e6 / self.steady_s
+    }
 }
 
 /// Mean cycles per second over seeds.

@@ -82,6 +82,8 @@ pub struct Fig7Paper {
     pub yield_gain_at_delta2_pct: f64,
     pub crossing_delta: u32,
     pub expected_at_delta0_cycles_per_s: f64,
+    pub sleeps_per_cycle_at_delta2: f64,
+    pub sleep_ms_at_delta2: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -98,6 +100,7 @@ pub struct Fig8Spec {
     pub seeds: u64,
     pub quick_seeds: u64,
     pub rate_tolerance_pct: f64,
+    pub peak_delta_tolerance_pct: f64,
     pub paper: Fig8Paper,
 }
 
@@ -237,7 +240,12 @@ impl Fig8Spec {
         check_tolerance(file, "stagger_s", self.stagger_s)?;
         check_positive(file, "seeds", self.seeds as f64)?;
         check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
-        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)
+        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
+        check_tolerance(
+            file,
+            "peak_delta_tolerance_pct",
+            self.peak_delta_tolerance_pct,
+        )
     }
 }
 

@@ -4,7 +4,7 @@
 //! checks that every figure loaded and marks the page, so that a headless
 //! browser can tell a broken page from a good one.
 
-use crate::repro::{ReproReport, RowKind, fmt_num};
+use crate::repro::ReproReport;
 
 /// One paper's section: its report and the figure files beside the page.
 pub struct PaperPage<'a> {
@@ -111,26 +111,19 @@ fn section(h: &mut String, p: &PaperPage<'_>) {
             Some(true) => "yes",
             Some(false) => "no",
         };
-        let num = |v: Option<f64>| v.map_or("-".to_string(), fmt_num);
+        let c = row.cells();
         h.push_str(&format!(
             "<tr class={class}><td>{}</td><td>{}</td><td>{}</td><td class=num>{}</td><td class=num>{}</td><td class=num>{}</td><td>{}</td><td class=num>{}</td><td class=num>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
             esc(&row.artefact),
             esc(&row.quantity),
             esc(&row.conditions_text()),
-            if row.kind == RowKind::Claim { "claim".into() } else { num(row.paper) },
-            num(row.mmulab),
-            match (row.ci_low, row.ci_high) {
-                (Some(l), Some(hi)) => format!("{}–{}", fmt_num(l), fmt_num(hi)),
-                _ => "-".into(),
-            },
+            c.paper,
+            c.mmulab,
+            c.ci,
             esc(&row.unit),
-            row.deviation_pct.map_or("-".into(), |d| format!("{d:+.1}")),
-            row.tolerance_pct.map_or("-".into(), |d| format!("{d:.0}")),
-            match row.within {
-                None => "plot",
-                Some(true) => "yes",
-                Some(false) => "NO",
-            },
+            c.deviation,
+            c.tolerance,
+            c.ok,
             row.kind.as_str(),
             row.basis.as_str(),
             esc(&row.note)

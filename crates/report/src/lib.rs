@@ -14,6 +14,6 @@ pub use experiments::{ExperimentError, Experiments};
 pub use plot::{LinePlot, Series, Style};
 pub use repro::{
     Basis, ContractError, Headline, NotReproduced, Provenance, ReproReport, ReproRow, ReproTable,
-    RowKind, Seeds,
+    RowCells, RowKind, Seeds,
 };
 pub use table::Table;

@@ -3,7 +3,7 @@
 //! no number in the docs is typed in. A test regenerates the `--quick`
 //! files and fails on a difference.
 
-use crate::repro::{ReproReport, RowKind, fmt_num};
+use crate::repro::ReproReport;
 use std::path::{Path, PathBuf};
 
 fn cell(s: &str) -> String {
@@ -38,30 +38,19 @@ pub fn paper_table(r: &ReproReport) -> String {
     let mut s = format!("## {}\n\n`{}`\n\n", r.paper, r.headline_line());
     s.push_str("| artefact | quantity | conditions | paper | mmulab | 95% CI | unit | dev % | tol % | ok | basis |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for row in &r.rows {
-        let num = |v: Option<f64>| v.map_or("-".to_string(), fmt_num);
+        let c = row.cells();
         s.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             cell(&row.artefact),
             cell(&row.quantity),
             cell(&row.conditions_text()),
-            if row.kind == RowKind::Claim {
-                "claim".into()
-            } else {
-                num(row.paper)
-            },
-            num(row.mmulab),
-            match (row.ci_low, row.ci_high) {
-                (Some(l), Some(h)) => format!("{}–{}", fmt_num(l), fmt_num(h)),
-                _ => "-".into(),
-            },
+            c.paper,
+            c.mmulab,
+            c.ci,
             cell(&row.unit),
-            row.deviation_pct.map_or("-".into(), |d| format!("{d:+.1}")),
-            row.tolerance_pct.map_or("-".into(), |d| format!("{d:.0}")),
-            match row.within {
-                None => "plot",
-                Some(true) => "yes",
-                Some(false) => "**no**",
-            },
+            c.deviation,
+            c.tolerance,
+            if c.ok == "NO" { "**no**" } else { c.ok },
             row.basis.as_str()
         ));
     }

@@ -231,6 +231,34 @@ impl ReproRow {
             .join(", ")
     }
 
+    /// The row's numbers as every view prints them (console, Markdown,
+    /// HTML): paper (or "claim"), mmulab, the CI, deviation, tolerance and
+    /// the verdict word.
+    pub fn cells(&self) -> RowCells {
+        let num = |v: Option<f64>| v.map_or("-".to_string(), fmt_num);
+        RowCells {
+            paper: if self.kind == RowKind::Claim {
+                "claim".into()
+            } else {
+                num(self.paper)
+            },
+            mmulab: num(self.mmulab),
+            ci: match (self.ci_low, self.ci_high) {
+                (Some(l), Some(h)) => format!("{}–{}", fmt_num(l), fmt_num(h)),
+                _ => "-".into(),
+            },
+            deviation: self
+                .deviation_pct
+                .map_or("-".into(), |d| format!("{d:+.1}")),
+            tolerance: self.tolerance_pct.map_or("-".into(), |d| format!("{d:.0}")),
+            ok: match self.within {
+                None => "plot",
+                Some(true) => "yes",
+                Some(false) => "NO",
+            },
+        }
+    }
+
     /// Judged: numeric or a claim (plot-only rows never are).
     pub fn judged(&self) -> bool {
         self.kind != RowKind::PlotOnly
@@ -243,6 +271,16 @@ fn value_text(v: &Value) -> String {
         Value::Null => String::new(),
         other => other.to_string(),
     }
+}
+
+/// A row's numbers, formatted once for every view.
+pub struct RowCells {
+    pub paper: String,
+    pub mmulab: String,
+    pub ci: String,
+    pub deviation: String,
+    pub tolerance: String,
+    pub ok: &'static str,
 }
 
 /// Signed deviation of `mmulab` from `paper` in percent of `paper`.
@@ -294,6 +332,16 @@ impl ReproTable {
             artefact: artefact.into(),
             reason: reason.into(),
         });
+    }
+
+    /// The calibration map's inputs fitted to `artefact` (the keys whose
+    /// target is exactly that artefact), for a `calibrated` row's list.
+    pub fn fitted_inputs(&self, artefact: &str) -> Vec<String> {
+        self.calibration
+            .iter()
+            .filter(|(_, a)| *a == artefact)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Records the seeds; a paper whose artefacts differ records the most
@@ -512,28 +560,18 @@ impl ReproReport {
             "note",
         ]);
         for r in &self.rows {
+            let c = r.cells();
             t.row(vec![
                 r.artefact.clone(),
                 r.quantity.clone(),
                 r.conditions_text(),
-                match (r.kind, r.paper) {
-                    (RowKind::Claim, _) => "claim".into(),
-                    (_, None) => "-".into(),
-                    (_, Some(p)) => fmt_num(p),
-                },
-                r.mmulab.map_or("-".into(), fmt_num),
-                match (r.ci_low, r.ci_high) {
-                    (Some(l), Some(h)) => format!("{}-{}", fmt_num(l), fmt_num(h)),
-                    _ => "-".into(),
-                },
+                c.paper,
+                c.mmulab,
+                c.ci,
                 r.unit.clone(),
-                r.deviation_pct.map_or("-".into(), |d| format!("{d:+.1}")),
-                r.tolerance_pct.map_or("-".into(), |d| format!("{d:.0}")),
-                match r.within {
-                    None => "plot".into(),
-                    Some(true) => "yes".into(),
-                    Some(false) => "NO".into(),
-                },
+                c.deviation,
+                c.tolerance,
+                c.ok.into(),
                 r.basis.as_str().into(),
                 r.note.clone(),
             ]);

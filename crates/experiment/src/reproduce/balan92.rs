@@ -1,12 +1,15 @@
 //! `mmulab reproduce balan92`: §Shutdown Measurements on the
-//! `sequent-symmetry-1992` preset. Fig. 1 (basic cost, plot only), Fig. 2
-//! (lazy), Fig. 3 (immediate), the responders' costs, the L1-trick and
-//! mapping-chunk ablations, the segkmem measurement (calls to
-//! `hat_shutdown` per 100 allocations, and its sensitivity to the zone
-//! size), segmap (lazy against the eager ablation), pageout (local aging
-//! against SVR4's global daemon), Fig. 4 (speedup of 1-4 concurrent
-//! fork/exec/exit copies on 4 CPUs) and the §Analysis lock-contention
-//! scenarios.
+//! `sequent-symmetry-1992` preset. Fig. 1 (basic cost; its "not exactly
+//! linear" judged by a lack-of-fit test), Fig. 2 (lazy), Fig. 3
+//! (immediate), the responders' costs, the three algorithms simulated at
+//! 16 and 32 CPUs ("tens of processors"), the L1-trick and mapping-chunk
+//! ablations, the segkmem measurement (calls to `hat_shutdown` per 100
+//! allocations in steady state, and its sensitivity to the zone size and
+//! the allocator), segmap (lazy against the eager ablation), pageout
+//! (local aging against SVR4's global daemon), Fig. 4 (speedup of 1-4
+//! concurrent fork/exec/exit copies on 4 CPUs, and each lock class's
+//! contention on their fork and exit paths) and the §Analysis
+//! lock-contention scenarios.
 //!
 //! What each row rests on: the preset holds component costs, one of which
 //! (the per-target interrupt send, `costs.ipi_send_cycles`) was fitted to
@@ -41,7 +44,16 @@ struct Point {
 }
 
 fn sweep(ps: &PaperSpec, hist: &str, responder_hist: &str) -> Result<Vec<Point>, SpecError> {
-    let cpus = ps.list("cpus")?;
+    sweep_at(ps, &ps.list("cpus")?, hist, responder_hist)
+}
+
+/// [`sweep`] at the given CPU counts.
+fn sweep_at(
+    ps: &PaperSpec,
+    cpus: &[u64],
+    hist: &str,
+    responder_hist: &str,
+) -> Result<Vec<Point>, SpecError> {
     let specs: Vec<_> = cpus
         .iter()
         .map(|&n| ps.spec(&[format!("machine.cpus={n}")]).map(|s| (n, s)))
@@ -256,6 +268,153 @@ fn chunks(fig3: &PaperSpec, table: &mut ReproTable) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// segkmem's calls to `hat_shutdown` per 100 allocations in steady state:
+/// two runs of the churn with the same seed, `a0` and `a1` allocations
+/// long, are identical up to allocation `a0` (the shorter then frees what
+/// it holds, which calls nothing), so the differences of their counters
+/// are the calls, real shootdowns and allocations of allocations a0+1 to
+/// a1, after next fit's rotor has wrapped many times (the first pass over
+/// the 4096-page space has nothing freed ahead of it to shoot).
+struct Steady {
+    calls_per_100: f64,
+    real_per_100: f64,
+    allocations: u64,
+    /// calls per 100 over the first `a0` allocations, from start.
+    cumulative_per_100: f64,
+}
+
+fn steady(seg: &PaperSpec, sets: &[String], a0: u64, a1: u64) -> Result<Steady, SpecError> {
+    let runs: Vec<_> = [a0, a1]
+        .iter()
+        .map(|n| {
+            let mut sets = sets.to_vec();
+            sets.push(format!("workload.allocations={n}"));
+            seg.spec(&sets)
+        })
+        .collect::<Result<_, _>>()?;
+    let c: Vec<_> = runs
+        .par_iter()
+        .map(|spec| {
+            let out = run_seed(spec, spec.seed);
+            assert_eq!(out.sim.oracle.violations, 0, "{}: {sets:?}", seg.origin);
+            out.sim.counters
+        })
+        .collect();
+    let d = |k: &str| c[1].get(k) - c[0].get(k);
+    let allocations = d("segkmem.allocs");
+    assert_eq!(
+        allocations,
+        a1 - a0,
+        "the runs share their first {a0} allocations"
+    );
+    Ok(Steady {
+        calls_per_100: 100.0 * d("segkmem.hat_shutdown_calls") as f64 / allocations as f64,
+        real_per_100: 100.0 * d("hat.shutdown.real") as f64 / allocations as f64,
+        allocations,
+        cumulative_per_100: 100.0 * c[0].get("segkmem.hat_shutdown_calls") as f64
+            / c[0].get("segkmem.allocs").max(1) as f64,
+    })
+}
+
+/// §Shutdown Measurements: "it makes only 1.1 calls to hat_shutdown per
+/// 100 memory allocation requests. Actual shutdowns will be even less
+/// frequent ... a kernel level test that allocates and frees kernel memory
+/// repeatedly in different sizes." The rate is not judged: in steady state
+/// next fit enters a freed, unflushed zone about once per zone's worth of
+/// pages allocated, 100 × (mean pages per allocation) / (pages per zone)
+/// calls per 100 allocations, and the paper publishes neither the sizes nor
+/// the allocator (docs/papers/balan92.md). "Even less frequent" is judged.
+fn segkmem(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> {
+    let seg = PaperSpec::load(src, "balan92/segkmem.toml")?;
+    let window = seg.list("steady_allocations")?;
+    let (a0, a1) = (window[0], window[1]);
+    let zone = seg.spec(&[])?.kernel.segkmem_zone_bytes;
+    let variants: Vec<(&str, u64, Vec<String>)> = vec![
+        ("next fit", zone, vec![]),
+        ("next fit", 1, vec!["kernel.segkmem_zone_bytes=1".into()]),
+        ("next fit", 4, vec!["kernel.segkmem_zone_bytes=4".into()]),
+        ("next fit", 64, vec!["kernel.segkmem_zone_bytes=64".into()]),
+        (
+            "first fit",
+            zone,
+            vec!["kernel.segkmem_first_fit=true".into()],
+        ),
+    ];
+    let rates: Vec<Steady> = variants
+        .par_iter()
+        .map(|(_, _, sets)| steady(&seg, sets, a0, a1))
+        .collect::<Result<_, _>>()?;
+    let window = format!("{}-{a1}", a0 + 1);
+    let main = &rates[0];
+    // Zone pages: 8 per byte of bitmap.
+    let zone_pages = 8 * zone;
+    table.push(
+        ReproRow::plot_only(
+            "segkmem",
+            "hat_shutdown_calls_per_100_allocations",
+            Some(seg.number("hat_shutdown_calls_per_100_allocations")?),
+            main.calls_per_100,
+            &format!(
+                "steady state over allocations {window}; not judged: set by unpublished inputs. \
+                 Allocator model [A]: next fit from a rotor over {} pages, sizes 1, 2 or 4 pages \
+                 with probability 1/2, 1/4, 1/4 (mean 2), zone {zone} bytes = {zone_pages} pages \
+                 [P]: about 100 x 2 / {zone_pages} = {:.2}; the paper's rate needs a mean of \
+                 {:.1} pages; {:.2} over the first {a0} allocations (the rotor's first pass calls \
+                 nothing)",
+                seg.spec(&[])?.kernel.segkmem_pages,
+                100.0 * 2.0 / zone_pages as f64,
+                seg.number("hat_shutdown_calls_per_100_allocations")? * zone_pages as f64 / 100.0,
+                main.cumulative_per_100,
+            ),
+        )
+        .unit("calls per 100 allocations")
+        .at("allocations", window.as_str())
+        .at("zone_bytes", zone)
+        .at("allocator", "next fit")
+        .emergent(),
+    );
+    table.push(
+        ReproRow::claim(
+            "segkmem",
+            "real_shootdowns_per_100_allocations",
+            Some(main.real_per_100),
+            main.real_per_100 < main.calls_per_100,
+            &format!(
+                "actual shootdowns are fewer than hat_shutdown calls ({:.2} calls per 100)",
+                main.calls_per_100
+            ),
+        )
+        .unit("shootdowns per 100 allocations")
+        .at("allocations", window.as_str())
+        .at("zone_bytes", zone)
+        .at("allocator", "next fit")
+        .emergent(),
+    );
+    // The rate against the zone size (the tunable) and the allocator
+    // (next fit, assumed, against first fit), same churn.
+    for ((alloc, z, _), r) in variants.iter().zip(&rates).skip(1) {
+        table.push(
+            ReproRow::plot_only(
+                "segkmem",
+                "hat_shutdown_calls_per_100_allocations",
+                None,
+                r.calls_per_100,
+                &format!(
+                    "{:.2} real shootdowns per 100; sensitivity (paper: zone 16 bytes, \
+                     allocator unpublished); {} allocations",
+                    r.real_per_100, r.allocations
+                ),
+            )
+            .unit("calls per 100 allocations")
+            .at("allocations", window.as_str())
+            .at("zone_bytes", *z)
+            .at("allocator", *alloc)
+            .emergent(),
+        );
+    }
+    Ok(())
+}
+
 /// §Lazy Shutdowns, segmap: file reads and writes through 8 KB chunks,
 /// with the aging daemon; balan92's lazy segmap against the eager ablation
 /// (every last release unloads and shoots at once).
@@ -451,7 +610,7 @@ fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedu
             runs.push((test, k, f4.spec(&sets)?));
         }
     }
-    let ends: Vec<(&str, u64, f64)> = runs
+    let ends: Vec<(&str, u64, f64, mmulab_engine::Counters)> = runs
         .par_iter()
         .map(|(test, k, spec)| {
             let out = run_seed(spec, spec.seed);
@@ -461,7 +620,12 @@ fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedu
                 f4.origin
             );
             assert_eq!(out.workload.verdict, "consistent", "{test} x{k}");
-            (*test, *k, out.sim.end.0 as f64)
+            assert_eq!(
+                out.sim.counters.get("lockorder.violations"),
+                0,
+                "{test} x{k}"
+            );
+            (*test, *k, out.sim.end.0 as f64, out.sim.counters)
         })
         .collect();
     let clock_hz = runs[0].2.costs.clock_hz;
@@ -497,6 +661,12 @@ fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedu
             );
         }
         let kmax = *copies.last().expect("copies");
+        let counters = &ends
+            .iter()
+            .find(|e| e.0 == test && e.1 == kmax)
+            .expect("ran")
+            .3;
+        fork_exit_locks(test, kmax, counters, table);
         let sp = pts.last().expect("points").1;
         let kf = kmax as f64;
         table.push(
@@ -516,6 +686,141 @@ fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedu
         plot.push((test.to_string(), pts));
     }
     Ok(plot)
+}
+
+/// The lock classes of the VM layers (`mmulab_kernel::lockorder`), in
+/// their order.
+const LOCK_CLASSES: [&str; 9] = [
+    "segment",
+    "page_sleep",
+    "driver",
+    "hat",
+    "page_spin",
+    "shootdown",
+    "anon",
+    "swap",
+    "page_hash",
+];
+
+/// Acquisitions, contended acquisitions and wait cycles of `class` by
+/// threads on the kernel paths `paths` (`Cpu::lock_path`: "fault", "fork",
+/// "exit", "syscall"); an empty `paths` counts every acquisition.
+fn lock_use(c: &mmulab_engine::Counters, class: &str, paths: &[&str]) -> (u64, u64, u64) {
+    let get = |what: &str| -> u64 {
+        if paths.is_empty() {
+            c.get(&format!("lock.{class}.{what}"))
+        } else {
+            paths
+                .iter()
+                .map(|p| c.get(&format!("lock.{class}.{p}.{what}")))
+                .sum()
+        }
+    };
+    (get("acquired"), get("contended"), get("wait_cycles"))
+}
+
+fn pct(n: u64, of: u64) -> f64 {
+    100.0 * n as f64 / of.max(1) as f64
+}
+
+/// §Analysis: "When concurrent fork()/exit() operations take place in
+/// different address spaces, the only contention at the VM level would be
+/// for locks at the anon layer and at the swap layer for reserving anon
+/// pages and swap space for the child processes respectively." Fig. 4's
+/// run of `test` with `k` concurrent copies (separate processes): each
+/// lock class's contention on the fork and exit paths (the parents' bss
+/// faults and unmaps are the benchmark's other work: the page-hash lock's
+/// whole-run share is shown apart), judged for the fork/exit test.
+fn fork_exit_locks(test: &str, k: u64, c: &mmulab_engine::Counters, table: &mut ReproTable) {
+    const FORK_EXIT: [&str; 2] = ["fork", "exit"];
+    let mut others = Vec::new();
+    let mut resv = Vec::new();
+    for class in LOCK_CLASSES {
+        let (acq, cont, wait) = lock_use(c, class, &FORK_EXIT);
+        if acq == 0 {
+            continue;
+        }
+        table.push(
+            ReproRow::plot_only(
+                "Fig. 4",
+                "lock_contended_pct",
+                None,
+                pct(cont, acq),
+                &format!(
+                    "{acq} acquisitions on the fork and exit paths, {cont} waited, {wait} cycles"
+                ),
+            )
+            .unit("%")
+            .at("cpus", 4)
+            .at("test", test)
+            .at("copies", k)
+            .at("lock", class)
+            .at("path", "fork+exit")
+            .emergent(),
+        );
+        if class == "anon" || class == "swap" {
+            resv.push(format!("{class} {:.1} %", pct(cont, acq)));
+        } else if cont > 0 {
+            others.push(format!("{class} {:.1} %", pct(cont, acq)));
+        }
+    }
+    let (acq, cont, _) = lock_use(c, "page_hash", &[]);
+    let (facq, fcont, _) = lock_use(c, "page_hash", &["fault"]);
+    table.push(
+        ReproRow::plot_only(
+            "Fig. 4",
+            "lock_contended_pct",
+            None,
+            pct(cont, acq),
+            &format!(
+                "the whole run: {acq} acquisitions, {cont} waited; of them on the fault path \
+                 (the parents' bss zero-fills) {facq}, {fcont} waited"
+            ),
+        )
+        .unit("%")
+        .at("cpus", 4)
+        .at("test", test)
+        .at("copies", k)
+        .at("lock", "page_hash")
+        .at("path", "all")
+        .emergent(),
+    );
+    if test != "fork-exit" {
+        return;
+    }
+    let (other_acq, other_cont) = LOCK_CLASSES
+        .iter()
+        .filter(|&&l| l != "anon" && l != "swap")
+        .map(|l| lock_use(c, l, &FORK_EXIT))
+        .fold((0, 0), |(a, b), (x, y, _)| (a + x, b + y));
+    table.push(
+        ReproRow::claim(
+            "§Analysis",
+            "fork_exit_other_locks_contended_pct",
+            Some(pct(other_cont, other_acq)),
+            other_cont == 0,
+            &format!(
+                "on the fork and exit paths of processes in different address spaces only the \
+                 anon and swap reservation locks are contended ({}); other classes contended: {}",
+                if resv.is_empty() {
+                    "not taken".to_string()
+                } else {
+                    resv.join(", ")
+                },
+                if others.is_empty() {
+                    "none".to_string()
+                } else {
+                    others.join(", ")
+                }
+            ),
+        )
+        .unit("%")
+        .at("cpus", 4)
+        .at("test", test)
+        .at("copies", k)
+        .at("path", "fork+exit")
+        .emergent(),
+    );
 }
 
 /// §Analysis of the Locking design: lock contention per class in the
@@ -613,31 +918,40 @@ fn analysis(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> 
         })
         .collect();
     for ((name, _, within), c) in scenarios.iter().zip(&outs) {
-        let pct = |class: &str| {
-            let acq = c.get(&format!("lock.{class}.acquired"));
-            100.0 * c.get(&format!("lock.{class}.contended")) as f64 / acq.max(1) as f64
+        // The paper's statements are about the faults, and about the fork
+        // and exit operations: the contention on those kernel paths (the
+        // fault storm's unmaps and the fork benchmark's bss faults are
+        // other work).
+        let (paths, path): (&[&str], &str) = if name.starts_with("faults") {
+            (&["fault"], "fault")
+        } else {
+            (&["fork", "exit"], "fork+exit")
         };
-        for class in ["segment", "hat", "shootdown", "page_hash"] {
+        let on_path = |class: &str| lock_use(c, class, paths);
+        for class in LOCK_CLASSES {
+            let (acq, cont, wait) = on_path(class);
+            if acq == 0 {
+                continue;
+            }
             table.push(
                 ReproRow::plot_only(
                     "§Analysis",
                     "lock_contended_pct",
                     None,
-                    pct(class),
-                    &format!(
-                        "{} acquisitions, {} waited",
-                        c.get(&format!("lock.{class}.acquired")),
-                        c.get(&format!("lock.{class}.contended"))
-                    ),
+                    pct(cont, acq),
+                    &format!("{acq} acquisitions on the {path} path, {cont} waited, {wait} cycles"),
                 )
                 .unit("%")
                 .at("cpus", 4)
                 .at("scenario", *name)
                 .at("lock", class)
+                .at("path", path)
                 .emergent(),
             );
         }
-        let vm = pct("segment") + pct("hat");
+        let (seg_acq, seg_cont, _) = on_path("segment");
+        let (hat_acq, hat_cont, _) = on_path("hat");
+        let vm = pct(seg_cont, seg_acq) + pct(hat_cont, hat_acq);
         // Within a process the contention depends on the LWPs' timing;
         // across processes no two CPUs ever share a segment or HAT lock
         // (one of each per address space), so the zero is fixed by the
@@ -663,33 +977,48 @@ fn analysis(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> 
         )
         .unit("%")
         .at("cpus", 4)
-        .at("scenario", *name);
+        .at("scenario", *name)
+        .at("path", path);
         table.push(if *within { row.emergent() } else { row.input() });
     }
     // "When generating concurrent page faults in different address
     // spaces, the only lock contention will be for the global page layer
     // spin lock that is guarding the page hash chains. The lock hold time
-    // for this lock is very low."
+    // for this lock is very low." On the fault path: the page-hash lock
+    // is contended and no other class is.
     {
         let c = &outs[0];
-        let cont = c.get("lock.page_hash.contended");
+        let (acq, cont, wait) = lock_use(c, "page_hash", &["fault"]);
         let clock_mhz = scenarios[0].1.costs.clock_hz / 1e6;
-        let wait_us = c.get("lock.page_hash.wait_cycles") as f64 / cont.max(1) as f64 / clock_mhz;
-        let vm = c.get("lock.segment.contended") + c.get("lock.hat.contended");
+        let wait_us = wait as f64 / cont.max(1) as f64 / clock_mhz;
+        let others: Vec<String> = LOCK_CLASSES
+            .iter()
+            .filter(|&&l| l != "page_hash")
+            .filter_map(|l| {
+                let (a, n, _) = lock_use(c, l, &["fault"]);
+                (n > 0).then(|| format!("{l} {:.1} %", pct(n, a)))
+            })
+            .collect();
         table.push(
             ReproRow::claim(
                 "§Analysis",
                 "page_hash_contended_pct",
-                Some(100.0 * cont as f64 / c.get("lock.page_hash.acquired").max(1) as f64),
-                cont > 0 && vm == 0,
+                Some(pct(cont, acq)),
+                cont > 0 && others.is_empty(),
                 &format!(
-                    "the global page-hash lock is contended, the segment and HAT locks are not; \
-                     {wait_us:.1} µs waited per contended acquisition"
+                    "on the fault path the global page-hash lock is the only one contended \
+                     (others: {}); {wait_us:.1} µs waited per contended acquisition",
+                    if others.is_empty() {
+                        "none".to_string()
+                    } else {
+                        others.join(", ")
+                    }
                 ),
             )
             .unit("%")
             .at("cpus", 4)
             .at("scenario", "faults, different processes")
+            .at("path", "fault")
             .emergent(),
         );
     }
@@ -776,6 +1105,109 @@ fn analysis(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> 
     Ok(())
 }
 
+/// The lack-of-fit F test of a straight line through the points, with
+/// each point's samples as replicates: F = (SS_lack / (k - 2)) /
+/// (SS_pure / (N - k)), where SS_lack = Σ n_i (ȳ_i - ŷ_i)² is the means'
+/// departure from the least-squares line and SS_pure = Σ (y_ij - ȳ_i)² the
+/// samples' spread about their own means. Returns (F, df1, df2, p), p =
+/// P(F' > F) under a straight line with independent noise.
+fn lack_of_fit(points: &[Point], line: &LinearFit) -> Option<(f64, f64, f64, f64)> {
+    let k = points.len();
+    let n: usize = points.iter().map(|p| p.initiators_us.len()).sum();
+    if k < 3 || n <= k {
+        return None;
+    }
+    let (mut lack, mut pure) = (0.0, 0.0);
+    for p in points {
+        let m = p.initiators_us.iter().sum::<f64>() / p.initiators_us.len() as f64;
+        lack += p.initiators_us.len() as f64 * (m - line.at(p.cpus as f64)).powi(2);
+        pure += p.initiators_us.iter().map(|y| (y - m).powi(2)).sum::<f64>();
+    }
+    let (d1, d2) = ((k - 2) as f64, (n - k) as f64);
+    let f = (lack / d1) / (pure / d2).max(f64::MIN_POSITIVE);
+    Some((f, d1, d2, f_survival(f, d1, d2)))
+}
+
+/// P(X > f) for X ~ F(d1, d2): the regularized incomplete beta
+/// I_{d2 / (d2 + d1 f)}(d2 / 2, d1 / 2).
+fn f_survival(f: f64, d1: f64, d2: f64) -> f64 {
+    if f <= 0.0 {
+        return 1.0;
+    }
+    inc_beta(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
+}
+
+/// ln Γ(x), x > 0 (Lanczos, g = 7, 9 terms).
+fn ln_gamma(x: f64) -> f64 {
+    const G: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        let pi = std::f64::consts::PI;
+        return (pi / (pi * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let t = x + 7.5;
+    let a = G[1..]
+        .iter()
+        .enumerate()
+        .fold(G[0], |a, (i, g)| a + g / (x + i as f64 + 1.0));
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + a.ln()
+}
+
+/// The regularized incomplete beta function I_x(a, b) (continued fraction,
+/// modified Lentz).
+fn inc_beta(a: f64, b: f64, x: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    if x >= 1.0 {
+        return 1.0;
+    }
+    let front =
+        (ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln()).exp();
+    if x > (a + 1.0) / (a + b + 2.0) {
+        return 1.0 - inc_beta(b, a, 1.0 - x);
+    }
+    let tiny = 1e-300;
+    let (mut c, mut d) = (1.0, 1.0 - (a + b) * x / (a + 1.0));
+    if d.abs() < tiny {
+        d = tiny;
+    }
+    d = 1.0 / d;
+    let mut h = d;
+    for m in 1..300 {
+        let m = m as f64;
+        for num in [
+            m * (b - m) * x / ((a + 2.0 * m - 1.0) * (a + 2.0 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0)),
+        ] {
+            d = 1.0 + num * d;
+            if d.abs() < tiny {
+                d = tiny;
+            }
+            c = 1.0 + num / c;
+            if c.abs() < tiny {
+                c = tiny;
+            }
+            d = 1.0 / d;
+            h *= d * c;
+        }
+        if (d * c - 1.0).abs() < 1e-15 {
+            break;
+        }
+    }
+    front * h / a
+}
+
 fn fit(points: &[Point]) -> LinearFit {
     LinearFit::fit(
         &points
@@ -806,16 +1238,6 @@ fn cpu_range(points: &[Point]) -> String {
         points.first().expect("points").cpus,
         points.last().expect("points").cpus
     )
-}
-
-/// The inputs the preset fitted to `artefact`.
-fn fitted_to(table: &ReproTable, artefact: &str) -> Vec<String> {
-    table
-        .calibration
-        .iter()
-        .filter(|(_, a)| *a == artefact)
-        .map(|(k, _)| k.clone())
-        .collect()
 }
 
 /// The paper's Figs. 2-3 statements as a line over the CPU counts: the
@@ -866,7 +1288,12 @@ pub fn reproduce(
     table
         .calibration
         .extend(crate::preset::load(PRESET)?.calibration);
-    let fitted2 = fitted_to(&table, "Fig. 2");
+    // The per-target send, fitted to Fig. 2's slope ("Fig. 2 / slope").
+    let fitted2 = table.fitted_inputs("Fig. 2 / slope");
+    assert!(
+        !fitted2.is_empty(),
+        "{PRESET}: the send's calibration target"
+    );
     let fitted2: Vec<&str> = fitted2.iter().map(String::as_str).collect();
 
     progress("Fig. 1: hat_shutdown(HAT_NOCOOKIE), 2-6 CPUs");
@@ -904,9 +1331,39 @@ pub fn reproduce(
             "r2",
             None,
             basic_fit.r2,
-            "linearity of the basic cost (paper: \"not exactly linear\", no number)",
+            "of the least-squares line through the means; judged by the lack-of-fit row",
         )
         .unit("ratio")
+        .at("cpus", range.as_str())
+        .emergent(),
+    );
+    // "The graph shows that the measurements are not exactly linear. Two
+    // possible reasons for this is variances in the interrupt fanout
+    // facility on the Sequents and that even a slight disturbance in order
+    // of tens of microseconds for each collection of samples will perturb
+    // the linearity." Judged: do the points' means depart from a straight
+    // line by more than their samples' own spread explains (the
+    // lack-of-fit F test, 5 %)? The model's only non-linearity is the
+    // per-target interrupt jitter (the first reason), drawn per sample.
+    let (f, d1, d2, p) = lack_of_fit(&basic, &basic_fit).expect("replicated points");
+    let residuals: Vec<String> = basic
+        .iter()
+        .map(|p| format!("{:+.1}", p.initiator_us - basic_fit.at(p.cpus as f64)))
+        .collect();
+    table.push(
+        ReproRow::claim(
+            "Fig. 1",
+            "lack_of_fit_p",
+            Some(p),
+            p < 0.05,
+            &format!(
+                "not exactly linear: the means depart from the least-squares line beyond their \
+                 samples' spread (judged at p < 0.05; lack-of-fit F({d1:.0}, {d2:.0}) = {f:.2}); \
+                 residuals {} µs",
+                residuals.join(", ")
+            ),
+        )
+        .unit("p-value")
         .at("cpus", range.as_str())
         .emergent(),
     );
@@ -935,9 +1392,9 @@ pub fn reproduce(
     let overhead2 = fig2.number("overhead_over_basic_us")?;
     let slope2 = fig2.number("slope_us_per_cpu")?;
     // The preset's per-target send was fitted to this figure's 40 µs per
-    // processor: both of its rows are calibrated. The overhead does not
-    // carry the send (lazy and basic send the same interrupts), but it is
-    // the same artefact.
+    // processor: the slope is calibrated. The overhead does not carry the
+    // send (lazy and basic send the same interrupts): it is predicted from
+    // the lazy algorithm's steps (docs/papers/balan92.md).
     table.push(with_ci(
         ReproRow::numeric(
             "Fig. 2",
@@ -948,10 +1405,10 @@ pub fn reproduce(
         )
         .unit("µs")
         .at("cpus", range.as_str())
-        .calibrated(&fitted2)
+        .emergent()
         .with_note(
             "mean over the CPU counts of lazy - basic (CI paired by sample, same seed); \
-             not itself fitted: the fitted send cancels in the difference",
+             the fitted send cancels in the difference",
         ),
         gap_ci(&lazy, &basic),
     ));
@@ -1071,132 +1528,113 @@ pub fn reproduce(
     progress("Ablation: mapping chunks on a sparse range");
     chunks(&fig3, &mut table)?;
 
-    // The fits extended to larger machines (the paper: "we should be able
-    // to scale well in the range of tens of processors"): no number to
-    // judge, shown only.
-    let ext2 = fig2.number("extend_to_cpus")?;
-    let ext3 = fig3.number("extend_to_cpus")?;
-    table.push(
-        ReproRow::plot_only(
-            "§Shutdown Measurements",
-            "lazy_initiator_time_extrapolated",
-            None,
-            lazy_fit.at(ext2),
-            &format!("the {range} CPU line extended (its slope is calibrated)"),
-        )
-        .unit("µs")
-        .at("cpus", ext2 as u64)
-        .calibrated(&fitted2),
-    );
-    table.push(
-        ReproRow::plot_only(
-            "§Shutdown Measurements",
-            "immediate_initiator_time_extrapolated",
-            None,
-            imm_fit.at(ext3),
-            &format!("the {range} CPU line extended"),
-        )
-        .unit("µs")
-        .at("cpus", ext3 as u64)
-        .emergent(),
-    );
-
-    progress("segkmem: hat_shutdown calls per 100 allocations");
-    let seg = PaperSpec::load(src, "balan92/segkmem.toml")?;
-    // The same length in both modes: the rate climbs while segkmem's rotor
-    // first wraps (0.94 at 5,000 allocations, 1.41 at 20,000, 1.53 at
-    // 100,000), so a shorter quick run would pass where the full one fails.
-    let sets: Vec<String> = Vec::new();
-    let spec = seg.spec(&sets)?;
-    let zone = spec.kernel.segkmem_zone_bytes;
-    let r =
-        crate::run::run_spec(&spec, |_, _| {}).map_err(|e| SpecError::Invalid(e.to_string()))?;
-    assert_eq!(
-        r.oracle.violations, 0,
-        "{}: the oracle found violations",
-        seg.origin
-    );
-    let allocs = r.counters.get("segkmem.allocs") as f64;
-    let calls = r.counters.get("segkmem.hat_shutdown_calls") as f64;
-    let real = r.counters.get("hat.shutdown.real") as f64;
-    // Nothing was fitted to the 1.1: the zone size is the paper's, the
-    // allocation mix, live set, length and next-fit allocator are
-    // assumptions (see docs/papers/balan92.md).
-    table.push(
-        ReproRow::numeric(
-            "segkmem",
-            "hat_shutdown_calls_per_100_allocations",
-            seg.number("hat_shutdown_calls_per_100_allocations")?,
-            100.0 * calls / allocs.max(1.0),
-            seg.number("tolerance_pct")?,
-        )
-        .unit("calls per 100 allocations")
-        .at("allocations", allocs as u64)
-        .at("zone_bytes", zone)
-        .emergent()
-        .with_note("idle system; allocation mix, live set and allocator assumed"),
-    );
-    table.push(
-        ReproRow::claim(
-            "segkmem",
-            "real_shootdowns_per_100_allocations",
-            Some(100.0 * real / allocs.max(1.0)),
-            real < calls,
-            "actual shootdowns are fewer than hat_shutdown calls",
-        )
-        .unit("shootdowns per 100 allocations")
-        .at("allocations", allocs as u64)
-        .at("zone_bytes", zone)
-        .emergent(),
-    );
-    // The ratio against the zone size (the tunable) and the allocator
-    // (next fit, assumed, against first fit), same churn.
-    let variants: Vec<_> = [
-        ("next fit", 1u64, "kernel.segkmem_zone_bytes=1"),
-        ("next fit", 4, "kernel.segkmem_zone_bytes=4"),
-        ("next fit", 64, "kernel.segkmem_zone_bytes=64"),
-        ("first fit", zone, "kernel.segkmem_first_fit=true"),
-    ]
-    .iter()
-    .map(|&(alloc, z, set)| {
-        let mut sets = sets.clone();
-        sets.push(set.to_string());
-        seg.spec(&sets).map(|s| (alloc, z, s))
-    })
-    .collect::<Result<_, _>>()?;
-    let ratios: Vec<(&str, u64, f64, f64)> = variants
-        .par_iter()
-        .map(|(alloc, z, spec)| {
-            let out = run_seed(spec, spec.seed);
-            assert_eq!(out.sim.oracle.violations, 0, "segkmem {alloc} zone {z}");
-            let c = &out.sim.counters;
-            let allocs = c.get("segkmem.allocs").max(1) as f64;
-            (
-                *alloc,
-                *z,
-                100.0 * c.get("segkmem.hat_shutdown_calls") as f64 / allocs,
-                100.0 * c.get("hat.shutdown.real") as f64 / allocs,
-            )
-        })
-        .collect();
-    for (alloc, z, r, real) in ratios {
-        table.push(
-            ReproRow::plot_only(
-                "segkmem",
-                "hat_shutdown_calls_per_100_allocations",
+    // "The data collected so far indicates that we should be able to
+    // scale well in the range of tens of processors for both the lazy
+    // shutdowns and immediate shutdowns": simulated at 16 and 32 CPUs (a
+    // larger Symmetry; the same preset), not the 2-6 line extended.
+    progress("Tens of processors: the three algorithms at 16 and 32 CPUs");
+    let tens = fig2.list("tens_cpus")?;
+    let tol_tens = fig2.number("tens_tolerance_pct")?;
+    let basic_tens = sweep_at(
+        &fig1,
+        &tens,
+        "hat.shutdown.basic.initiator_cycles",
+        "shootdown.kernel.responder_cycles",
+    )?;
+    let lazy_tens = sweep_at(
+        &fig2,
+        &tens,
+        "hat.shutdown.lazy.initiator_cycles",
+        "shootdown.kernel.responder_cycles",
+    )?;
+    let imm_tens = sweep_at(
+        &fig3,
+        &tens,
+        "shootdown.user.initiator_cycles",
+        "shootdown.user.responder_cycles",
+    )?;
+    for (name, small, big, line) in [
+        ("basic", &basic, &basic_tens, &basic_fit),
+        ("lazy", &lazy, &lazy_tens, &lazy_fit),
+        ("immediate", &imm, &imm_tens, &imm_fit),
+    ] {
+        for p in big.iter() {
+            let row = ReproRow::plot_only(
+                "§Shutdown Measurements",
+                &format!("{name}_initiator_time"),
                 None,
-                r,
+                p.initiator_us,
                 &format!(
-                    "{real:.2} real shootdowns per 100; sensitivity (paper: zone 16 bytes, allocator unpublished)"
+                    "simulated (mean of {} samples); the {range} CPU line would give {:.0}",
+                    p.initiators_us.len(),
+                    line.at(p.cpus as f64)
                 ),
             )
-            .unit("calls per 100 allocations")
-            .at("allocations", allocs as u64)
-            .at("zone_bytes", z)
-            .at("allocator", alloc)
-            .emergent(),
+            .unit("µs")
+            .at("cpus", p.cpus)
+            .ci(p.ci_us.0, p.ci_us.1);
+            // Lazy: most of it is the send fitted to Fig. 2's slope.
+            table.push(if name == "lazy" {
+                row.calibrated(&fitted2)
+            } else {
+                row.emergent()
+            });
+        }
+        if name == "basic" {
+            continue;
+        }
+        // "Scales well": the cost of each further processor, from 6 to 16
+        // and from 16 to 32 CPUs, stays within the tolerance of the 2-6
+        // slope (no knee).
+        let last = small.last().expect("points");
+        let mut prev = (last.cpus as f64, last.initiator_us);
+        let mut marginal = Vec::new();
+        for p in big.iter() {
+            let x = p.cpus as f64;
+            marginal.push((p.initiator_us - prev.1) / (x - prev.0));
+            prev = (x, p.initiator_us);
+        }
+        let ratios: Vec<f64> = marginal.iter().map(|m| m / line.slope).collect();
+        let worst = ratios.iter().copied().fold(1.0f64, |w, r| {
+            if (r - 1.0).abs() > (w - 1.0).abs() {
+                r
+            } else {
+                w
+            }
+        });
+        table.push(
+            ReproRow::claim(
+                "§Shutdown Measurements",
+                &format!("{name}_per_cpu_cost_ratio"),
+                Some(worst),
+                ratios.iter().all(|r| (r - 1.0).abs() * 100.0 <= tol_tens),
+                &format!(
+                    "scales to tens of processors: each further processor from {} to {} CPUs \
+                     costs {} µs against {:.1} µs per CPU over {range} (within {tol_tens} %); \
+                     fixed by the configuration: with the preset's bus model off \
+                     (bus_contention_cycles = 0) no simulated step grows faster than the \
+                     processor count",
+                    last.cpus,
+                    big.last().expect("points").cpus,
+                    marginal
+                        .iter()
+                        .map(|m| format!("{m:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(" then "),
+                    line.slope
+                ),
+            )
+            .unit("ratio")
+            .at(
+                "cpus",
+                format!("{}-{}", last.cpus, big.last().expect("points").cpus),
+            )
+            .input(),
         );
     }
+
+    progress("segkmem: hat_shutdown calls per 100 allocations, steady state");
+    segkmem(src, &mut table)?;
 
     progress("segmap: chunks reused, aged, shot at reuse (lazy vs eager)");
     segmap(src, quick, &mut table)?;
@@ -1269,6 +1707,22 @@ pub fn reproduce(
             svg(&p, file)?;
         }
 
+        let mut pt = LinePlot::new(
+            "balan92: \"scale well ... tens of processors\" (simulated; the paper measured 2-6)",
+            "processors",
+            "initiator time (µs)",
+        );
+        pt.log2_x = Some(false);
+        for (name, small, big) in [
+            ("basic", &basic, &basic_tens),
+            ("lazy", &lazy, &lazy_tens),
+            ("immediate", &imm, &imm_tens),
+        ] {
+            let all: Vec<Point> = small.iter().chain(big.iter()).cloned().collect();
+            pt.add(measured(&format!("mmulab {name} (95% CI)"), &all));
+        }
+        svg(&pt, "balan92-fig3-tens.svg")?;
+
         let mut p4 = LinePlot::new(
             "balan92 Fig. 4: concurrent fork/exec/exit, 4 CPUs (paper's points: figure only)",
             "concurrent copies k",
@@ -1322,18 +1776,86 @@ mod tests {
             git_commit: "test".into(),
         };
         let r = mmulab_report::ReproReport::new("balan92", t, true, &prov).unwrap();
-        // The fitted figure's rows are calibrated; Fig. 1's and the
-        // extrapolations are never judged.
+        // The fitted quantity is calibrated, Fig. 2's overhead is not; of
+        // Fig. 1 only the linearity test is judged; segkmem's rate is not
+        // judged (set by unpublished inputs); the tens-of-processors
+        // claims are input.
+        use mmulab_report::Basis;
         for row in &r.rows {
             if row.artefact == "Fig. 2" {
-                assert_eq!(row.basis, mmulab_report::Basis::Calibrated, "{row:?}");
+                let want = if row.quantity == "slope" {
+                    Basis::Calibrated
+                } else {
+                    Basis::Emergent
+                };
+                assert_eq!(row.basis, want, "{row:?}");
             }
-            if row.artefact == "Fig. 1" || row.quantity.ends_with("_extrapolated") {
+            if row.artefact == "Fig. 1" && row.quantity != "lack_of_fit_p" {
                 assert_eq!(row.within, None, "{row:?}");
             }
+            if row.quantity == "hat_shutdown_calls_per_100_allocations" {
+                assert_eq!(row.within, None, "{row:?}");
+            }
+            if row.quantity.ends_with("_per_cpu_cost_ratio") {
+                assert_eq!(row.basis, Basis::Input, "{row:?}");
+            }
         }
-        assert!(r.rows.iter().any(|row| row.artefact == "Fig. 3"
-            && row.quantity == "slope"
-            && row.basis == mmulab_report::Basis::Emergent));
+        let judged = |a: &str, q: &str| {
+            r.rows.iter().any(|row| {
+                row.artefact == a
+                    && row.quantity == q
+                    && row.basis == Basis::Emergent
+                    && row.within.is_some()
+            })
+        };
+        assert!(judged("Fig. 3", "slope"));
+        assert!(judged("Fig. 1", "lack_of_fit_p"));
+        assert!(judged("§Analysis", "fork_exit_other_locks_contended_pct"));
+        // Fig. 4's runs report anon and swap on the fork and exit paths.
+        for lock in ["anon", "swap"] {
+            assert!(r.rows.iter().any(|row| row.artefact == "Fig. 4"
+                && row.conditions.get("lock").and_then(|v| v.as_str()) == Some(lock)));
+        }
+    }
+
+    #[test]
+    fn the_f_distribution_matches_its_tables() {
+        // F(0.95; 3, 45) = 2.812, F(0.99; 3, 45) = 4.249, F(0.95; 1, 10) =
+        // 4.965 (tables); F(1, d) is t² (t(0.975; 10) = 2.228).
+        assert!((f_survival(2.812, 3.0, 45.0) - 0.05).abs() < 1e-3);
+        assert!((f_survival(4.249, 3.0, 45.0) - 0.01).abs() < 1e-3);
+        assert!((f_survival(4.965, 1.0, 10.0) - 0.05).abs() < 1e-3);
+        assert!((f_survival(2.228f64.powi(2), 1.0, 10.0) - 0.05).abs() < 1e-3);
+        assert_eq!(f_survival(0.0, 3.0, 45.0), 1.0);
+        assert!((ln_gamma(5.0) - 24f64.ln()).abs() < 1e-12);
+        assert!((ln_gamma(0.5) - std::f64::consts::PI.sqrt().ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn lack_of_fit_sees_a_bend_and_not_noise() {
+        let point = |cpus: u64, ys: Vec<f64>| Point {
+            cpus,
+            initiator_us: ys.iter().sum::<f64>() / ys.len() as f64,
+            ci_us: (0.0, 0.0),
+            responders_us: vec![],
+            initiators_us: ys,
+        };
+        let noise = [-1.0, 1.0, -0.5, 0.5, 0.0];
+        let line: Vec<Point> = (2..7)
+            .map(|n| point(n, noise.iter().map(|e| 40.0 * n as f64 + e).collect()))
+            .collect();
+        let bent: Vec<Point> = (2..7)
+            .map(|n| {
+                let bend = if n == 4 { 10.0 } else { 0.0 };
+                point(
+                    n,
+                    noise.iter().map(|e| 40.0 * n as f64 + bend + e).collect(),
+                )
+            })
+            .collect();
+        let p_line = lack_of_fit(&line, &fit(&line)).unwrap().3;
+        let p_bent = lack_of_fit(&bent, &fit(&bent)).unwrap().3;
+        assert!(p_line > 0.5, "{p_line}");
+        assert!(p_bent < 0.001, "{p_bent}");
     }
 }

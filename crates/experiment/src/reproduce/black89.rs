@@ -107,7 +107,7 @@ pub fn reproduce(
     let tol = fig2.number("tolerance_pct")?;
     // The preset's four fixed and per-target costs were fitted to these
     // two sums: the line reads its calibration back.
-    let fitted = calibrated_inputs(&table, "Fig. 2");
+    let fitted = table.fitted_inputs("Fig. 2");
     let fitted: Vec<&str> = fitted.iter().map(String::as_str).collect();
     table.push(
         ReproRow::numeric("Fig. 2", "first_processor", first, fit.at(1.0), tol)
@@ -316,16 +316,6 @@ pub fn reproduce(
             .map_err(|e| SpecError::Invalid(e.to_string()))?;
     }
     Ok(table)
-}
-
-/// The preset inputs fitted to `artefact`.
-fn calibrated_inputs(table: &ReproTable, artefact: &str) -> Vec<String> {
-    table
-        .calibration
-        .iter()
-        .filter(|(_, a)| *a == artefact)
-        .map(|(k, _)| k.clone())
-        .collect()
 }
 
 /// Runs a paper spec with overrides and returns its merged results.

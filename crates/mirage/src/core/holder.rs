@@ -698,8 +698,15 @@ impl Site {
         let readers_join_readers = aux.held == Held::Read && matches!(want, Want::Read(_));
         // Table 1: only readers + reader request skips the clock check; a
         // detaching clock site gives up its rights without one.
-        // Design decision: a sole reader upgrading its own copy cuts no
-        // one's Δ short (nobody is invalidated), so it is not checked.
+        // A sole reader upgrading its own copy is not checked either, though
+        // Table 1's row (Readers, Writer) says "Yes": the check guards an
+        // invalidation (§6.1: "When the clock site gets the invalidation
+        // message, it checks to see if the page's Δ has expired"), and Δ is
+        // the window in which holders are "guaranteed to uninterruptably
+        // possess the page"; here nobody is invalidated and nobody loses the
+        // page. Read literally, the row makes a site wait out its own read
+        // window before its first write: every loop of §8 would then wait a
+        // whole Δ at its start (docs/papers/fleisch89.md).
         let sole_reader_upgrades =
             aux.held == Held::Read && aux.readers.is_empty() && want == Want::Write(me);
         let skip_check = readers_join_readers

@@ -259,6 +259,28 @@ fn downgrade_then_upgrade_costs_two_advisory_messages_and_no_page() {
 }
 
 #[test]
+fn a_sole_reader_upgrades_inside_its_own_window() {
+    // Table 1's (Readers, Writer) row is clock-checked, but the check guards
+    // an invalidation (§6.1), and a sole reader upgrading its own copy
+    // invalidates nobody: it is upgraded at once, in place (no page), even
+    // inside its own Δ (documented departure, core/holder.rs).
+    let mut net = Net::new(2, 1, 3, cfg());
+    net.fault(1, 0, Access::Read);
+    assert!(net.clock(1), "the sole reader is the clock site");
+    net.now = TICK + 10;
+    net.reset_log();
+    net.fault(1, 0, Access::Write);
+    assert_eq!(
+        net.kinds(),
+        ["write-request", "recall-for-write", "done"],
+        "not refused though one of three ticks is used"
+    );
+    assert!(net.timers.is_empty(), "the library does not sleep");
+    assert_eq!(net.held(1, 0), Held::Write);
+    assert!(net.woken(1));
+}
+
+#[test]
 fn delta_refusal_reports_the_time_left_and_the_library_retries() {
     let mut net = Net::new(3, 1, 3, cfg());
     net.fault(1, 0, Access::Write);

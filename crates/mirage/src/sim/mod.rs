@@ -497,9 +497,17 @@ impl Sim {
         }
         match action {
             Action::Send { to, msg } => self.send(site, to, msg),
-            Action::SetTimer { at, timer } => self
-                .queue
-                .push(Cycles(at.0.max(now)), Ev::Timer { site, timer }),
+            Action::SetTimer { at, timer } => {
+                if let Timer::RetryRecall { .. } = timer {
+                    // §7.3 counts these: the library sleeps out a refused
+                    // invalidation ("2.75 sleeps of 33 msecs" per cycle).
+                    self.counters.add("delta_sleeps", 1);
+                    self.counters
+                        .add("delta_sleep_us", at.0.saturating_sub(now) / 1_000);
+                }
+                self.queue
+                    .push(Cycles(at.0.max(now)), Ev::Timer { site, timer })
+            }
             Action::Wake { process, .. } => self.wake(process.0 as Pid),
             Action::Invalidate { page, .. }
             | Action::Downgrade { page, .. }

@@ -272,7 +272,10 @@ impl Sim {
             let now = self.now_ns();
             self.marks[pid].push(now);
             if self.marks.iter().position(|m| !m.is_empty()) == Some(pid) {
-                self.mark_counters.push(self.counters.clone());
+                let mut c = self.counters.clone();
+                let busy: u64 = self.cpus.iter().map(|c| c.busy_ns).sum();
+                c.add("cpu_busy_us", busy / 1_000);
+                self.mark_counters.push(c);
             }
             self.note(self.procs[pid].site, || {
                 "---- cycle ends (process 1 about to write) ----".into()
