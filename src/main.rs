@@ -1,33 +1,111 @@
 //! The `mmulab` command: parse, build, run, print. Nothing else lives here.
+//!
+//! Exit status, the same for every command:
+//! * 0: it ran and every verdict is positive (consistent, within tolerance);
+//! * 1: it ran, but a verdict is negative (the oracle or a workload's check
+//!   found an inconsistency, a judged row is outside its tolerance, a check
+//!   found violations, a sweep's tasks are incomplete or failed);
+//! * 2: it could not run: bad usage or bad input (the message names the
+//!   argument, key or line), or something it needs is missing;
+//! * 130: stopped by Ctrl-C; what ran is kept and printed.
+//!
+//! `dsm run` is the exception: it exits with its program's status.
+//!
+//! Output flags: `--out DIR` writes a folder of results, `-o FILE` one
+//! file, `--json` prints JSON on stdout instead of tables.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
-use mmulab_experiment::{Results, Spec};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use mmulab_experiment::{Budget, Results, Spec};
 use mmulab_report::Table;
 
 mod reproduce_cmd;
 mod sweep_cmd;
 mod trace_cmd;
+mod ui;
+
+/// The progress bar every command uses (sweep_cmd calls it `crate::bar`).
+use ui::bar;
 
 #[derive(Parser)]
 #[command(
     name = "mmulab",
     version,
-    about = "Translation coherence toolkit: TLB shootdown, HAT layers, UNITD, software-managed TLBs, Mirage DSM"
+    about = "Translation coherence toolkit: TLB shootdown, HAT layers, UNITD, software-managed TLBs, Mirage DSM",
+    after_help = "Exit status: 0 success; 1 ran, but a verdict is negative (inconsistent, out of tolerance); 2 bad usage or bad input; 130 stopped by Ctrl-C (partial results kept).\nOutput: --out DIR writes a folder, -o FILE one file, --json prints JSON on stdout."
 )]
 struct Cli {
+    /// No progress bars and no notes on stderr (results, warnings and
+    /// errors still print).
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Ceilings a run is checked against before anything is allocated.
+#[derive(clap::Args, Clone, Copy)]
+struct BudgetArgs {
+    /// Refuse a run whose estimated host memory is above SIZE (bytes, or
+    /// with a K/M/G/T suffix). Default: this machine's available memory.
+    #[arg(long, value_name = "SIZE", value_parser = mmulab_experiment::budget::parse_size)]
+    max_memory: Option<u64>,
+    /// Refuse a run whose estimated simulated operations (references,
+    /// system calls) are above N.
+    #[arg(long, value_name = "N", default_value_t = mmulab_experiment::budget::DEFAULT_MAX_WORK, value_parser = mmulab_experiment::budget::parse_count)]
+    max_work: u64,
+}
+
+impl BudgetArgs {
+    fn budget(self) -> Budget {
+        let host = Budget::for_this_host();
+        Budget {
+            max_memory_bytes: self.max_memory.unwrap_or(host.max_memory_bytes),
+            max_work: self.max_work,
+        }
+    }
+}
+
+/// `mmulab bench`'s workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BenchWorkload {
+    /// Flat memory, protocol global.
+    Foundation,
+    /// The same workload on preset x86-simics-2010 (caches, directory,
+    /// MOSI checker), protocol unitd.
+    Unitd,
+}
+
+/// `mmulab host shootdown --op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum HostOp {
+    /// mprotect from read-write to read-only.
+    Mprotect,
+    /// munmap of a shared mapping.
+    Munmap,
+    /// madvise(MADV_DONTNEED).
+    Madvise,
+}
+
+impl HostOp {
+    fn op(self) -> mmulab_host::Op {
+        match self {
+            HostOp::Mprotect => mmulab_host::Op::Mprotect,
+            HostOp::Munmap => mmulab_host::Op::Munmap,
+            HostOp::Madvise => mmulab_host::Op::MadviseDontneed,
+        }
+    }
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run an experiment spec and print its summary.
     Run {
+        /// The spec: a TOML file, or a shipped spec by name
+        /// (`experiments/tester.toml`, `black89/fig2`).
         spec: PathBuf,
         /// Override any spec field: KEY=VALUE (dotted keys, TOML values).
         #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -38,19 +116,27 @@ enum Command {
         /// Print results.json to stdout instead of the table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        budget: BudgetArgs,
     },
     /// Randomized correctness sweep: many seeds of a random workload under a
     /// protocol, every translation checked by the oracle.
     Check {
-        #[arg(long)]
+        /// The protocol to check (`mmulab list`).
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(mmulab_protocols::names()))]
         protocol: String,
-        #[arg(long, default_value_t = 1000)]
+        /// How many seeds to run.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         seeds: u64,
         /// First seed.
         #[arg(long, default_value_t = 1)]
         start: u64,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Refuse a sweep whose estimated simulated operations are above N.
+        #[arg(long, value_name = "N", default_value_t = mmulab_experiment::budget::DEFAULT_MAX_WORK, value_parser = mmulab_experiment::budget::parse_count)]
+        max_work: u64,
         /// `slurm`: run the seeds as a Slurm job array (arrays of 1,000
         /// seeds or more) through the sweep engine, into --out.
         #[arg(long, value_enum, default_value_t = sweep_cmd::Backend::Local)]
@@ -71,16 +157,14 @@ enum Command {
     /// Measure simulated memory references per second on this host.
     Bench {
         /// Runs; the median is reported.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        runs: u64,
         /// References per thread (the fixed workload uses 2,000,000).
         #[arg(long, default_value_t = 2_000_000)]
         refs_per_thread: u64,
-        /// `foundation`: flat memory, protocol global; `unitd`: the same
-        /// workload on preset x86-simics-2010 (caches, directory, MOSI
-        /// checker), protocol unitd.
-        #[arg(long, default_value = "foundation")]
-        workload: String,
+        /// The workload measured.
+        #[arg(long, value_enum, default_value_t = BenchWorkload::Foundation)]
+        workload: BenchWorkload,
         /// Bytes between a thread's consecutive references: 8 (a word)
         /// sweeps its pages as a loop over an array does; 64 (a cache line)
         /// makes nearly every reference an L1 miss on `unitd`, the memory
@@ -98,6 +182,8 @@ enum Command {
         /// fails on the ratio, only on a file it cannot compare with.
         #[arg(long, value_name = "REF.json")]
         compare: Option<String>,
+        #[command(flatten)]
+        budget: BudgetArgs,
     },
     /// Reproduce a paper's evaluation: paper vs mmulab, side by side, each
     /// row with its basis (input, calibrated, arithmetic, emergent). Exits
@@ -121,6 +207,10 @@ enum Command {
         /// or full), the tables the docs show.
         #[arg(long, value_name = "DIR")]
         markdown: Option<PathBuf>,
+        /// Print the reports (reproduce-PAPER.json's object; for `all`, an
+        /// array of them) on stdout instead of the tables.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a grid of specs and seeds (a sweep file) on this machine's cores
     /// or as a Slurm job array, into tidy results.csv and summary.csv.
@@ -135,7 +225,18 @@ enum Command {
     #[command(subcommand)]
     Host(HostCommand),
     /// Name the presets, protocols and workloads.
-    List,
+    List {
+        /// Print them as JSON: {presets, protocols, workloads}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script (e.g. `mmulab completions bash >
+    /// /etc/bash_completion.d/mmulab`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -150,7 +251,8 @@ enum DsmCommand {
         name: String,
     },
     /// Run an unmodified program on a site: LD_PRELOAD=libmmulab_shm.so
-    /// routes its shmget/shmat/shmdt/shmctl to the site's daemon.
+    /// routes its shmget/shmat/shmdt/shmctl to the site's daemon. Exits
+    /// with the program's status.
     Run {
         /// The cluster file.
         #[arg(long, default_value = "cluster.toml")]
@@ -164,18 +266,25 @@ enum DsmCommand {
     },
     /// A site daemon's view: sites, segments mapped there, shmids.
     Status {
+        /// The cluster file.
         #[arg(long, default_value = "cluster.toml")]
         config: PathBuf,
         /// The site to ask (default: the first).
         #[arg(long)]
         site: Option<String>,
+        /// Print {config, site, status} as JSON, the daemon's status text
+        /// as a list of lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Remote-fault latency against the loopback limit (two sites in this
     /// process), ping-pong and read-writer Δ sweeps (one process per site,
     /// each pinned to a core).
     Bench {
+        /// Fewer trials and a shorter sweep.
         #[arg(long)]
         quick: bool,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -209,6 +318,7 @@ enum DsmCommand {
     /// its listener on fd 3, its job as JSON, `go`/`stop` on stdin).
     #[command(hide = true)]
     BenchSite {
+        /// The job, as JSON.
         #[arg(long)]
         job: String,
     },
@@ -224,15 +334,16 @@ enum HostCommand {
         /// Default: every count that fits on this machine's cores.
         #[arg(long)]
         threads: Option<String>,
-        /// mprotect (read-write to read-only), munmap or madvise (MADV_DONTNEED).
-        #[arg(long, default_value = "mprotect")]
-        op: String,
+        /// The operation that reduces the page's rights.
+        #[arg(long, value_enum, default_value_t = HostOp::Mprotect)]
+        op: HostOp,
         /// Pages per operation.
         #[arg(long, default_value_t = 1)]
         pages: usize,
         /// Timed repetitions per point.
         #[arg(long, default_value_t = 100)]
         reps: usize,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
         /// Also write the calibration (fitted costs) of a `host` preset here.
@@ -243,47 +354,63 @@ enum HostCommand {
     /// preset from the fit, and check that the simulator's tester on it
     /// predicts the measured latency at every thread count.
     Preset {
+        /// Responder thread counts: a list (1,2,4) or a range (1-15).
         #[arg(long)]
         threads: Option<String>,
+        /// Timed repetitions per point.
         #[arg(long, default_value_t = 300)]
         reps: usize,
         /// Where to write the preset (use it with `--set preset=FILE`).
-        #[arg(long, default_value = "host.toml")]
+        /// `--out` is the old name of this flag.
+        #[arg(
+            short = 'o',
+            long = "output",
+            alias = "out",
+            value_name = "FILE",
+            default_value = "host.toml"
+        )]
         out: PathBuf,
+        /// Print {preset, points: [{responders, measured_ns, simulated_ns,
+        /// error_pct}], worst_error_pct} as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
+/// An error means the input was bad or the command could not run: exit 2
+/// (see the exit statuses at the top).
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ui::set_quiet(cli.quiet);
     match dispatch(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mmulab: {e:#}");
-            if e.downcast_ref::<mmulab_experiment::SpecError>().is_some()
-                || e.downcast_ref::<trace_cmd::BadInput>().is_some()
-                || e.downcast_ref::<mmulab_sweep::SweepError>()
-                    .is_some_and(|e| e.is_bad_input())
-            {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            eprintln!(
+                "mmulab: {}",
+                mmulab_experiment::spec::clip_message(&format!("{e:#}"))
+            );
+            // A sweep that ran but whose tasks are incomplete or failed
+            // has a negative outcome (mmulab_sweep::SweepError); every
+            // other error means the command could not run.
+            let ran = e
+                .downcast_ref::<mmulab_sweep::SweepError>()
+                .is_some_and(|e| !e.is_bad_input());
+            ExitCode::from(if ran { 1 } else { 2 })
         }
     }
 }
 
-fn bar(len: u64, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}")
-            .expect("template")
-            .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    // Only runs longer than a second show it; indicatif hides it when
-    // stderr is not a terminal.
-    pb.enable_steady_tick(std::time::Duration::from_millis(250));
-    pb
+/// Exit status for a command that ran: 130 if Ctrl-C stopped it, else 0
+/// or 1 by its verdict.
+fn verdict(ok: bool) -> ExitCode {
+    if ui::stopped() {
+        ui::note("mmulab: stopped by Ctrl-C; the results above cover what ran");
+        ExitCode::from(130)
+    } else if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
@@ -293,10 +420,17 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             sets,
             out,
             json,
+            budget,
         } => {
             let spec = Spec::load(&spec, &sets)?;
-            let pb = bar(spec.runs, "running");
-            let results = mmulab_experiment::run_spec(&spec, |i, _| pb.set_position(i))?;
+            spec.check_budget(&budget.budget())?;
+            let stop = ui::stop_on_ctrl_c();
+            let pb = ui::bar(spec.runs, "running");
+            let results = mmulab_experiment::run::run_spec_until(
+                &spec,
+                |i, _| pb.set_position(i),
+                Some(&stop),
+            )?;
             pb.finish_and_clear();
             if let Some(dir) = &out {
                 results
@@ -321,27 +455,34 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 && results.oracle.verdict == "consistent"
                 && results.workload.verdict != "inconsistent"
                 && results.liveness.is_empty();
-            Ok(if consistent {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(verdict(consistent))
         }
         Command::Check {
             protocol,
             seeds,
             start,
             json,
+            max_work,
             backend,
             out,
             wait,
             resume,
             slurm_args,
         } => {
-            if mmulab_protocols::find(&protocol).is_none() {
+            if start.checked_add(seeds).is_none() {
                 return Err(mmulab_experiment::SpecError::Invalid(format!(
-                    "--protocol: unknown protocol `{protocol}` (known: {})",
-                    mmulab_protocols::names().join(", ")
+                    "--start: {start} + --seeds {seeds} passes the last seed, {}",
+                    u64::MAX
+                ))
+                .into());
+            }
+            // Every seed draws its own machine and workload; the first
+            // seed's estimate stands for them all.
+            let first = mmulab_experiment::check::swarm_spec(&protocol, start);
+            let per_seed = first.estimate().work_per_run;
+            if per_seed.saturating_mul(seeds) > max_work {
+                return Err(mmulab_experiment::SpecError::Invalid(format!(
+                    "--seeds: {seeds} seeds of about {per_seed:.1e} simulated operations each are above --max-work ({max_work:.1e})"
                 ))
                 .into());
             }
@@ -361,22 +502,33 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 out.is_none() && !wait && !resume && slurm_args.is_empty(),
                 "--out, --wait, --resume and --slurm-arg go with --backend slurm"
             );
-            let pb = bar(seeds, &format!("check {protocol}"));
-            let report =
-                mmulab_experiment::check::check(&protocol, start, seeds, &|n| pb.set_position(n));
+            let stop = ui::stop_on_ctrl_c();
+            let pb = ui::bar(seeds, &format!("check {protocol}"));
+            let report = mmulab_experiment::check::check_until(
+                &protocol,
+                start,
+                seeds,
+                &|n| pb.set_position(n),
+                Some(&stop),
+            );
             pb.finish_and_clear();
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "protocol {}: {} seeds ({}..{}), {} translation uses checked, {} shootdown interrupts, {:.1} s",
+                    "protocol {}: {} seeds ({}..{}), {} translation uses checked, {} shootdown interrupts, {:.1} s{}",
                     report.protocol,
                     report.seeds,
                     report.start,
-                    report.start + report.seeds - 1,
+                    report.start + seeds - 1,
                     report.checked_uses,
                     report.shootdowns,
-                    report.wall_s
+                    report.wall_s,
+                    if report.interrupted {
+                        " (stopped by Ctrl-C)"
+                    } else {
+                        ""
+                    }
                 );
                 println!(
                     "violations: {} (in {} seeds; {} of them lock-order); liveness failures: {}; runs that hit the time limit: {}",
@@ -397,11 +549,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     println!("  replay: {}", f.replay);
                 }
             }
-            Ok(if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(verdict(report.passed()))
         }
         Command::Bench {
             runs,
@@ -410,26 +558,35 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             stride,
             json,
             compare,
+            budget,
         } => {
             let sets = vec![
                 format!("workload.refs_per_thread={refs_per_thread}"),
                 format!("workload.stride_bytes={stride}"),
+                format!("runs={runs}"),
             ];
-            let (text, about) = match workload.as_str() {
-                "foundation" => (
+            let (text, about) = match workload {
+                BenchWorkload::Foundation => (
                     mmulab_experiment::bench::foundation_spec(),
                     "bench: 16 CPUs, 16 threads of one task, 256 private + 64 shared pages each, mprotect every 100,000 refs, protocol global, oracle on",
                 ),
-                "unitd" => (
+                BenchWorkload::Unitd => (
                     mmulab_experiment::bench::unitd_spec(),
                     "bench on x86-simics-2010: 16 cores, L1/L2 MOSI directory, PCAMs and Jetty, MOSI checker and oracle on, protocol unitd, mprotect every 100,000 refs",
                 ),
-                other => anyhow::bail!(
-                    "bench --workload: unknown workload `{other}` (foundation, unitd)"
-                ),
             };
-            let spec = Spec::parse(&text, &sets, "bench")?;
+            let mut spec = Spec::parse(&text, &sets, "bench")?;
+            // The budget covers all runs; each run below is one seed.
+            spec.check_budget(&budget.budget())?;
+            spec.runs = 1;
             let about = format!("{about}, {stride}-byte stride");
+            // The name `--workload` takes, as `--json` and `--compare` files
+            // spell it.
+            let workload = workload
+                .to_possible_value()
+                .expect("every BenchWorkload has a name")
+                .get_name()
+                .to_string();
             // Read before the runs, so that a bad file costs no time.
             let reference = match &compare {
                 Some(path) => {
@@ -441,20 +598,28 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 None => None,
             };
+            let stop = ui::stop_on_ctrl_c();
             let mut rates = Vec::new();
             let mut memory = None;
-            let pb = bar(runs as u64, "bench");
+            let pb = ui::bar(runs, "bench");
             for i in 0..runs {
-                let r = mmulab_experiment::run_spec(&spec, |_, _| {})?;
-                anyhow::ensure!(
-                    r.oracle.violations == 0,
-                    "bench run {i} reported oracle violations"
-                );
+                let r = mmulab_experiment::run::run_spec_until(&spec, |_, _| {}, Some(&stop))?;
+                if r.interrupted {
+                    break;
+                }
+                if r.oracle.violations != 0 {
+                    pb.finish_and_clear();
+                    eprintln!("mmulab: bench run {i} reported oracle violations");
+                    return Ok(ExitCode::from(1));
+                }
                 rates.push(r.host.refs_per_second);
                 memory = bench_memory(&r, spec.machine.cpus);
-                pb.set_position(i as u64 + 1);
+                pb.set_position(i + 1);
             }
             pb.finish_and_clear();
+            if rates.is_empty() {
+                return Ok(verdict(false));
+            }
             let median = mmulab_engine::stats::summarize(&rates).median;
             let compared = match (&compare, &reference) {
                 (Some(path), Some(r)) => serde_json::json!({
@@ -467,7 +632,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let out = serde_json::json!({
                 "refs_per_second": median,
                 "samples": rates,
-                "runs": runs,
+                "runs": rates.len(),
                 "workload": about,
                 "workload_kind": workload,
                 "stride_bytes": stride,
@@ -479,10 +644,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{out}");
             } else {
+                let n = rates.len();
                 println!(
-                    "{:.1} M simulated references per second (median of {runs} run{}, {stride}-byte stride)",
+                    "{:.1} M simulated references per second (median of {n} run{}, {stride}-byte stride)",
                     median / 1e6,
-                    if runs == 1 { "" } else { "s" }
+                    if n == 1 { "" } else { "s" }
                 );
                 if let (Some(path), Some(r)) = (&compare, &reference) {
                     println!(
@@ -500,7 +666,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(verdict(true))
         }
         Command::Reproduce {
             paper,
@@ -508,6 +674,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             quick,
             experiments,
             markdown,
+            json,
         } => {
             let ok = reproduce_cmd::run(reproduce_cmd::Args {
                 paper,
@@ -515,12 +682,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 quick,
                 experiments,
                 markdown,
+                json,
             })?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(verdict(ok))
         }
         Command::Host(HostCommand::Shootdown {
             threads,
@@ -536,23 +700,20 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     mmulab_experiment::SpecError::Invalid(format!("--threads: {e}"))
                 })?;
             }
-            opts.op = op
-                .parse()
-                .map_err(|e| mmulab_experiment::SpecError::Invalid(format!("--op: {e}")))?;
-            anyhow::ensure!(
-                pages > 0 && reps > 0,
-                "--pages and --reps must be at least 1"
-            );
+            opts.op = op.op();
             opts.pages = pages;
             opts.reps = reps;
-            let pb = bar(1, "host shootdown");
+            opts.validate()?;
+            let pb = ui::bar(1, "host shootdown");
             let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
                 mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
                 mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
                 mmulab_host::Progress::Point { threads, op, .. } => {
                     pb.set_message(format!("{op}, {threads} responder(s)"))
                 }
-                mmulab_host::Progress::Note(n) if json => pb.println(format!("note: {n}")),
+                mmulab_host::Progress::Note(n) if json && !ui::quiet() => {
+                    pb.println(format!("note: {n}"))
+                }
                 _ => {}
             })?;
             pb.finish_and_clear();
@@ -565,21 +726,23 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", mmulab_host::format_report(&report));
             }
-            Ok(if report.consistent() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(verdict(report.consistent()))
         }
-        Command::Host(HostCommand::Preset { threads, reps, out }) => {
+        Command::Host(HostCommand::Preset {
+            threads,
+            reps,
+            out,
+            json,
+        }) => {
             let mut opts = mmulab_host::ShootdownOptions::default();
             if let Some(t) = threads {
                 opts.threads = mmulab_host::parse_thread_list(&t).map_err(|e| {
                     mmulab_experiment::SpecError::Invalid(format!("--threads: {e}"))
                 })?;
             }
-            opts.reps = reps.max(1);
-            let pb = bar(1, "host preset: measuring");
+            opts.reps = reps;
+            opts.validate()?;
+            let pb = ui::bar(1, "host preset: measuring");
             let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
                 mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
                 mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
@@ -617,18 +780,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let ks: Vec<usize> = measured.iter().map(|p| p.0).collect();
             let predicted =
                 mmulab_experiment::host_preset::predict(&out.display().to_string(), &ks)?;
-            println!(
-                "wrote {} (use it with --set preset={})",
-                out.display(),
-                out.display()
-            );
+            let mut worst: f64 = 0.0;
+            let mut points = Vec::new();
             let mut t = Table::new(&[
                 "responders",
                 "measured median ns",
                 "simulated ns",
                 "error %",
             ]);
-            let mut worst: f64 = 0.0;
             for ((k, meas), (_, sim)) in measured.iter().zip(&predicted) {
                 let err = (sim - meas) / meas * 100.0;
                 worst = worst.max(err.abs());
@@ -638,19 +797,38 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     format!("{sim:.0}"),
                     format!("{err:+.1}"),
                 ]);
+                points.push(serde_json::json!({
+                    "responders": k,
+                    "measured_ns": meas,
+                    "simulated_ns": sim,
+                    "error_pct": err,
+                }));
             }
-            print!("{}", t.render());
-            println!("largest prediction error {worst:.1}% (target: within 20%)");
-            if measured.len() < 2 {
+            if json {
                 println!(
-                    "note: one responder count only, so the preset was fitted from the very point it predicts; run on a machine with more cores for a real test of the line"
+                    "{}",
+                    serde_json::json!({
+                        "preset": out.display().to_string(),
+                        "points": points,
+                        "worst_error_pct": worst,
+                        "target_pct": 20.0,
+                    })
                 );
-            }
-            Ok(if worst <= 20.0 {
-                ExitCode::SUCCESS
             } else {
-                ExitCode::from(1)
-            })
+                println!(
+                    "wrote {} (use it with --set preset={})",
+                    out.display(),
+                    out.display()
+                );
+                print!("{}", t.render());
+                println!("largest prediction error {worst:.1}% (target: within 20%)");
+                if measured.len() < 2 {
+                    println!(
+                        "note: one responder count only, so the preset was fitted from the very point it predicts; run on a machine with more cores for a real test of the line"
+                    );
+                }
+            }
+            Ok(verdict(worst <= 20.0))
         }
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Trace(t) => trace_cmd::run(t),
@@ -664,10 +842,23 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
             Ok(ExitCode::from(code.clamp(0, 255) as u8))
         }
-        Command::Dsm(DsmCommand::Status { config, site }) => {
+        Command::Dsm(DsmCommand::Status { config, site, json }) => {
             let text = mmulab_mirage::runtime::cli::status(&config, site.as_deref())
                 .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
-            print!("{text}");
+            if json {
+                // The daemon answers with text; its lines are passed on
+                // as they are.
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "config": config.display().to_string(),
+                        "site": site,
+                        "status": text.lines().collect::<Vec<_>>(),
+                    })
+                );
+            } else {
+                print!("{text}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Dsm(DsmCommand::Site { config, name }) => {
@@ -709,12 +900,16 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 Ok(()) => Ok(ExitCode::SUCCESS),
                 Err(e) => {
                     eprintln!("dsm bench-site: {e}");
-                    Ok(ExitCode::from(1))
+                    Ok(ExitCode::from(2))
                 }
             }
         }
         Command::Dsm(DsmCommand::Bench { quick, json }) => {
-            let report = mmulab_mirage::runtime::cli::run_bench(quick)?;
+            // The sweep reports no steps: a spinner with the time so far.
+            let spin = ui::Spinner::new("dsm bench: remote faults and Δ sweeps");
+            let report = mmulab_mirage::runtime::cli::run_bench(quick);
+            spin.finish();
+            let report = report?;
             if json {
                 println!("{}", report.to_json());
             } else {
@@ -722,35 +917,72 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::List => {
-            let mut t = Table::new(&["preset", "models", "inputs from"]);
-            for p in mmulab_experiment::preset::all() {
-                t.row(vec![p.name, p.about, p.source]);
-            }
-            for (name, about, source) in mmulab_experiment::reproduce::uhlig94::presets() {
-                t.row(vec![name, about, source]);
-            }
-            print!("{}", t.render());
-            println!();
-            let mut t = Table::new(&["protocol", "what it is"]);
-            for e in mmulab_protocols::REGISTRY {
-                let about = if e.negative_control {
-                    format!("{} [negative control]", e.about)
-                } else {
-                    e.about.to_string()
-                };
-                t.row(vec![e.name.to_string(), about]);
-            }
-            print!("{}", t.render());
-            println!();
-            let mut t = Table::new(&["workload", "what it runs"]);
-            for (n, a) in mmulab_workloads::WorkloadSpec::names() {
-                t.row(vec![n.to_string(), a.to_string()]);
-            }
-            print!("{}", t.render());
+        Command::List { json } => {
+            list(json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "mmulab", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `mmulab list`: tables wrapped to the terminal (100 columns off one), or
+/// JSON.
+fn list(json: bool) {
+    let mut presets = Vec::new();
+    for p in mmulab_experiment::preset::all() {
+        presets.push((p.name, p.about, p.source));
+    }
+    for (name, about, source) in mmulab_experiment::reproduce::uhlig94::presets() {
+        presets.push((name, about, source));
+    }
+    if json {
+        let v = serde_json::json!({
+            "presets": presets
+                .iter()
+                .map(|(n, a, s)| serde_json::json!({"name": n, "models": a, "inputs_from": s}))
+                .collect::<Vec<_>>(),
+            "protocols": mmulab_protocols::REGISTRY
+                .iter()
+                .map(|e| serde_json::json!({
+                    "name": e.name,
+                    "about": e.about,
+                    "negative_control": e.negative_control,
+                }))
+                .collect::<Vec<_>>(),
+            "workloads": mmulab_workloads::WorkloadSpec::names()
+                .iter()
+                .map(|(n, a)| serde_json::json!({"name": n, "about": a}))
+                .collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return;
+    }
+    let width = ui::width();
+    let mut t = Table::new(&["preset", "models", "inputs from"]);
+    for (n, a, s) in presets {
+        t.row(vec![n, a, s]);
+    }
+    print!("{}", t.render_width(width));
+    println!();
+    let mut t = Table::new(&["protocol", "what it is"]);
+    for e in mmulab_protocols::REGISTRY {
+        let about = if e.negative_control {
+            format!("{} [negative control]", e.about)
+        } else {
+            e.about.to_string()
+        };
+        t.row(vec![e.name.to_string(), about]);
+    }
+    print!("{}", t.render_width(width));
+    println!();
+    let mut t = Table::new(&["workload", "what it runs"]);
+    for (n, a) in mmulab_workloads::WorkloadSpec::names() {
+        t.row(vec![n.to_string(), a.to_string()]);
+    }
+    print!("{}", t.render_width(width));
 }
 
 /// What the memory system did in a bench run (None on flat memory): a
@@ -846,4 +1078,69 @@ fn summary(spec: &Spec, r: &Results) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument of every command says what it is (SPEC, --protocol,
+    /// --seeds, --entries, --page-size, -o and --max had no help text).
+    #[test]
+    fn every_argument_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "mmulab", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
+
+    /// Closed sets are clap value enums: their choices are listed and a
+    /// wrong one is a usage error (exit 2), not a runtime one.
+    #[test]
+    fn closed_sets_list_their_choices() {
+        let cli = Cli::command();
+        for (path, arg) in [
+            (&["bench"][..], "workload"),
+            (&["check"], "protocol"),
+            (&["reproduce"], "paper"),
+            (&["host", "shootdown"], "op"),
+            (&["trace", "sim"], "policy"),
+            (&["trace", "export"], "format"),
+            (&["completions"], "shell"),
+        ] {
+            let mut cmd = &cli;
+            for p in path {
+                cmd = cmd.find_subcommand(p).expect("command");
+            }
+            let a = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == arg)
+                .expect("argument");
+            assert!(
+                a.get_possible_values().len() >= 2,
+                "{path:?} --{arg} lists no choices"
+            );
+        }
+        Cli::command().debug_assert();
+    }
 }

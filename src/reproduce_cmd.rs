@@ -47,6 +47,8 @@ pub struct Args {
     pub quick: bool,
     pub experiments: Option<PathBuf>,
     pub markdown: Option<PathBuf>,
+    /// Print the reports as JSON instead of the tables.
+    pub json: bool,
 }
 
 fn provenance() -> mmulab_report::Provenance {
@@ -64,7 +66,10 @@ fn run_one(
     out: Option<&Path>,
 ) -> anyhow::Result<(ReproReport, String)> {
     use mmulab_experiment::reproduce as r;
-    let progress = |m: &str| eprintln!("{}: {m}", paper.name());
+    // On a terminal a spinner shows the step and the time so far;
+    // elsewhere each step is a line on stderr (unless --quiet).
+    let spin = crate::ui::Spinner::new(&format!("{}: starting", paper.name()));
+    let progress = |m: &str| spin.step(&format!("{}: {m}", paper.name()));
     let mut epilogue = String::new();
     let table: ReproTable = match paper {
         Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
@@ -78,6 +83,7 @@ fn run_one(
         }
         Paper::All => unreachable!("`all` is split into papers"),
     };
+    spin.finish();
     let report = ReproReport::new(paper.name(), table, quick, &provenance())
         .context("a reproduction broke the row contract")?;
     Ok((report, epilogue))
@@ -97,6 +103,16 @@ fn figures(dir: &Path, paper: &str) -> Vec<String> {
     v
 }
 
+/// What was written where: on stdout with the tables, on stderr (a note)
+/// when stdout carries JSON.
+fn say(json: bool, msg: String) {
+    if json {
+        crate::ui::note(msg);
+    } else {
+        println!("{msg}");
+    }
+}
+
 /// Exit 0 when every judged emergent row holds, 1 otherwise.
 pub fn run(args: Args) -> anyhow::Result<bool> {
     let src = match &args.experiments {
@@ -111,11 +127,20 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
+    // Ctrl-C ends the run after the paper in progress: the papers done
+    // are printed and written as usual (a paper's own sweeps do not stop
+    // halfway, so no report is ever half a paper).
+    crate::ui::stop_on_ctrl_c();
     let mut reports = Vec::new();
     for &p in &papers {
+        if crate::ui::stopped() {
+            break;
+        }
         let (report, epilogue) = run_one(p, &src, args.quick, args.out.as_deref())?;
-        print!("{}", report.render());
-        print!("{epilogue}");
+        if !args.json {
+            print!("{}", report.render());
+            print!("{epilogue}");
+        }
         if let Some(out) = &args.out {
             report
                 .write(out)
@@ -124,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
         reports.push(report);
     }
     if let Some(out) = &args.out {
-        if args.paper == Paper::All {
+        if args.paper == Paper::All && !crate::ui::stopped() {
             let pages: Vec<html::PaperPage<'_>> = reports
                 .iter()
                 .map(|r| html::PaperPage {
@@ -149,19 +174,35 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
         } else {
             ""
         };
-        println!(
-            "wrote {}: {}, figures (SVG and CSV){index}",
-            out.display(),
-            names.join(", ")
+        say(
+            args.json,
+            format!(
+                "wrote {}: {}, figures (SVG and CSV){index}",
+                out.display(),
+                names.join(", ")
+            ),
         );
     }
     if let Some(dir) = &args.markdown {
         let path = mmulab_report::markdown::write(dir, &reports, args.quick)
             .with_context(|| format!("cannot write Markdown in {}", dir.display()))?;
-        println!("wrote {}", path.display());
+        say(args.json, format!("wrote {}", path.display()));
     }
-    for r in &reports {
-        println!("{}", r.headline_line());
+    if args.json {
+        let v: Vec<serde_json::Value> = reports
+            .iter()
+            .map(|r| serde_json::to_value(r).expect("a report serialises"))
+            .collect();
+        let out = if args.paper == Paper::All {
+            serde_json::Value::Array(v)
+        } else {
+            v.into_iter().next().unwrap_or(serde_json::Value::Null)
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for r in &reports {
+            println!("{}", r.headline_line());
+        }
     }
     Ok(reports.iter().all(|r| r.headline.emergent_all_within()))
 }

@@ -33,6 +33,7 @@ pub struct SweepArgs {
     /// many array tasks at once (default: no limit).
     #[arg(long, value_name = "N")]
     jobs: Option<usize>,
+    /// Where the tasks run.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     backend: Backend,
     /// Run only shard I of N (from 0) of the tasks; shards share --out and
@@ -55,10 +56,16 @@ pub struct SweepArgs {
 #[derive(Subcommand)]
 enum SweepAction {
     /// Where a sweep's tasks stand (and its Slurm jobs, from squeue).
-    Status { dir: PathBuf },
+    Status {
+        /// The sweep's results folder.
+        dir: PathBuf,
+    },
     /// Merge a results folder whose every task is done: results.csv and
     /// summary.csv.
-    Merge { dir: PathBuf },
+    Merge {
+        /// The sweep's results folder.
+        dir: PathBuf,
+    },
 }
 
 /// Progress lines go to stdout, or to stderr when stdout carries JSON.

@@ -3,89 +3,180 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use mmulab_trace::bench::{BenchOptions, Workload, bench};
 use mmulab_trace::export::{ExportFormat, export};
 use mmulab_trace::{ReadOptions, simulate, stack_sim};
 
+use crate::ui;
+
+/// Replacement policy of `trace sim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    Lru,
+    Fifo,
+    Random,
+}
+
+/// `trace sim --r2000 --os`: uhlig94's operating systems.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OsArg {
+    Ultrix,
+    Osf1,
+    Mach3,
+    Afsin,
+    Afsout,
+}
+
+impl OsArg {
+    fn key(self) -> &'static str {
+        match self {
+            OsArg::Ultrix => "ultrix",
+            OsArg::Osf1 => "osf1",
+            OsArg::Mach3 => "mach3",
+            OsArg::Afsin => "afsin",
+            OsArg::Afsout => "afsout",
+        }
+    }
+}
+
+/// Dinero IV input format written by `trace export`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    /// `r|w|i ADDR SIZE` (dineroIV -informat D).
+    Xdin,
+    /// `0|1|2 ADDR SIZE` (dineroIV -informat d).
+    Din,
+}
+
+/// How every trace reader reads its input.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ReadArgs {
+    /// Keep the complete records of a truncated trace (a cut last line, a
+    /// binary trace whose writer stopped) and warn.
+    #[arg(long)]
+    allow_truncated: bool,
+    /// Skip malformed lines of a text trace (each named in the error
+    /// otherwise) and say how many were skipped.
+    #[arg(long)]
+    lenient: bool,
+}
+
+impl ReadArgs {
+    fn options(self) -> ReadOptions {
+        ReadOptions {
+            allow_truncated: self.allow_truncated,
+            lenient: self.lenient,
+        }
+    }
+}
+
+const TRACE_HELP: &str = "The trace: a Valgrind lackey log, a Dinero din or xdin trace, or an mmulab binary trace; each may be gzip- or zstd-compressed (told by content, not name)";
+
 #[derive(Subcommand)]
 pub enum TraceCommand {
-    /// Simulate a unified TLB over a trace (Valgrind lackey log or mmulab
-    /// binary trace). Lists (`--entries 16,32 --ways 1,full --policy
-    /// lru,fifo`) simulate every combination in one pass over the trace,
-    /// one row each (JSON: an array of the one-configuration objects).
+    /// Simulate a unified TLB over a trace. Lists (`--entries 16,32 --ways
+    /// 1,full --policy lru,fifo`) simulate every combination in one pass
+    /// over the trace, one row each (JSON: an array of the one-configuration
+    /// objects).
     Sim {
+        #[arg(help = TRACE_HELP)]
         trace: PathBuf,
-        /// Entries, or a comma-separated list.
+        /// TLB entries, or a comma-separated list.
         #[arg(long, value_delimiter = ',', default_value = "64")]
         entries: Vec<u32>,
         /// Associativity: a number or `full`, or a list; the default (and
         /// a number equal to --entries) is fully associative.
         #[arg(long, value_delimiter = ',')]
         ways: Vec<String>,
-        /// lru, fifo or random, or a list.
-        #[arg(long, value_delimiter = ',', default_value = "lru")]
-        policy: Vec<String>,
+        /// Replacement policy, or a list.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "lru")]
+        policy: Vec<PolicyArg>,
+        /// Page size in bytes (a power of two, 8 to 2^40).
         #[arg(long, default_value_t = 4096)]
         page_size: u64,
         /// Seed of the random policy.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Keep the complete records of a truncated trace and warn.
-        #[arg(long)]
-        allow_truncated: bool,
+        #[command(flatten)]
+        read: ReadArgs,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
         /// uhlig94's R2000 instead: 64 entries (8 wired), the Random register, ASIDs; the
         /// trace's system calls go through an OS model; misses and cycles per Table III type.
         #[arg(long)]
         r2000: bool,
-        /// With --r2000: ultrix, osf1, mach3, afsin or afsout.
-        #[arg(long, default_value = "ultrix", requires = "r2000")]
-        os: String,
+        /// With --r2000: the OS whose miss handlers and system calls run.
+        #[arg(long, value_enum, default_value_t = OsArg::Ultrix, requires = "r2000")]
+        os: OsArg,
     },
     /// Misses of every fully associative LRU size 1..=MAX in one pass
     /// (Mattson stack simulation).
     Stack {
+        #[arg(help = TRACE_HELP)]
         trace: PathBuf,
+        /// The largest TLB size reported (1 to 65536).
         #[arg(long, default_value_t = 512)]
         max: usize,
+        /// Page size in bytes (a power of two, 8 to 2^40).
         #[arg(long, default_value_t = 4096)]
         page_size: u64,
-        #[arg(long)]
-        allow_truncated: bool,
+        #[command(flatten)]
+        read: ReadArgs,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Run a command under Valgrind lackey and write a compact binary trace
-    /// (one per process: F, F.PID…), parsing the logs as they are written.
+    /// (one per process: FILE, FILE.PID…), parsing the logs as they are written.
     Capture {
-        #[arg(short = 'o', default_value = "trace.mmutrace")]
+        /// The binary trace of the command's own process.
+        #[arg(short = 'o', value_name = "FILE", default_value = "trace.mmutrace")]
         out: PathBuf,
+        /// Print the capture's summary as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The command and its arguments (after `--`).
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Convert a lackey log to mmulab's compact binary trace.
+    /// Convert a text trace (lackey, din or xdin; plain, gzip or zstd) to
+    /// mmulab's compact binary trace. The output is written beside FILE and
+    /// renamed over it when complete: converting a file onto itself is
+    /// safe, and a failed conversion leaves nothing behind.
     Convert {
+        /// The text trace.
         log: PathBuf,
-        #[arg(short = 'o')]
+        /// The binary trace to write.
+        #[arg(short = 'o', value_name = "FILE")]
         out: PathBuf,
+        /// The binary trace's base page size in bytes.
         #[arg(long, default_value_t = 4096)]
         page_size: u64,
+        #[command(flatten)]
+        read: ReadArgs,
+        /// Print the binary trace's summary as JSON.
         #[arg(long)]
-        allow_truncated: bool,
+        json: bool,
     },
     /// Write exactly the references simulated (page-crossing accesses split,
     /// M as a load then a store) for Dinero IV.
     Export {
+        #[arg(help = TRACE_HELP)]
         trace: PathBuf,
-        /// xdin (r|w|i ADDR SIZE; dineroIV -informat D) or din (0|1|2 ADDR SIZE).
-        #[arg(long, default_value = "xdin")]
-        format: String,
+        /// The Dinero IV input format.
+        #[arg(long, value_enum, default_value_t = FormatArg::Xdin)]
+        format: FormatArg,
+        /// Page size in bytes at which accesses are split.
         #[arg(long, default_value_t = 4096)]
         page_size: u64,
-        #[arg(long)]
-        allow_truncated: bool,
+        /// Write to FILE (written beside it and renamed when complete)
+        /// instead of stdout.
+        #[arg(short = 'o', value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        read: ReadArgs,
     },
     /// Decode, binary read, Mattson and sweep rates on this host.
     Bench {
@@ -95,15 +186,19 @@ pub enum TraceCommand {
     },
 }
 
-/// Runs a trace command; `Err` carries the exit code for bad input (2).
+/// A trace error as an anyhow error; every one exits 2 (`main`).
+fn err(e: mmulab_trace::TraceError) -> anyhow::Error {
+    anyhow::Error::new(e)
+}
+
+fn warn_all(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// Runs a trace command.
 pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
-    let code = |e: mmulab_trace::TraceError| -> anyhow::Error {
-        if e.is_bad_input() {
-            anyhow::Error::new(BadInput(e.to_string()))
-        } else {
-            anyhow::Error::new(e)
-        }
-    };
     match cmd {
         TraceCommand::Sim {
             trace,
@@ -112,13 +207,13 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             policy,
             page_size,
             seed,
-            allow_truncated,
+            read,
             json,
             r2000,
             os,
         } => {
             if r2000 {
-                return r2000_sim(&trace, &os, seed, json);
+                return r2000_sim(&trace, os, seed, json);
             }
             let ways = if ways.is_empty() {
                 vec![None]
@@ -126,24 +221,29 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 ways.iter()
                     .map(|w| mmulab_trace::parse_ways(w))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(code)?
+                    .map_err(err)?
             };
             let policies = policy
                 .iter()
-                .map(|p| p.trim().parse())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(code)?;
+                .map(|p| match p {
+                    PolicyArg::Lru => mmulab_trace::Policy::Lru,
+                    PolicyArg::Fifo => mmulab_trace::Policy::Fifo,
+                    PolicyArg::Random => mmulab_trace::Policy::Random,
+                })
+                .collect::<Vec<_>>();
             let configs =
-                mmulab_trace::grid(&entries, &ways, &policies, page_size, seed).map_err(code)?;
-            let read = ReadOptions { allow_truncated };
+                mmulab_trace::grid(&entries, &ways, &policies, page_size, seed).map_err(err)?;
+            let read = read.options();
+            let spin = ui::Spinner::new(&format!("trace sim: reading {}", trace.display()));
             // One configuration keeps the one-configuration path and output.
             let rs = match configs.as_slice() {
-                [o] => vec![simulate(&trace, o, &read).map_err(code)?],
-                _ => mmulab_trace::sweep(&trace, &configs, &read).map_err(code)?,
+                [o] => simulate(&trace, o, &read).map(|r| vec![r]),
+                _ => mmulab_trace::sweep(&trace, &configs, &read),
             };
-            for w in rs.first().map_or(&[][..], |r| &r.warnings[..]) {
-                eprintln!("warning: {w}");
-            }
+            spin.finish();
+            let rs = rs.map_err(err)?;
+            // Every configuration read the same records: warn once.
+            warn_all(rs.first().map_or(&[][..], |r| &r.warnings[..]));
             if json {
                 match rs.as_slice() {
                     [r] => println!("{}", serde_json::to_string(r)?),
@@ -168,14 +268,14 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             trace,
             max,
             page_size,
-            allow_truncated,
+            read,
             json,
         } => {
-            let r = stack_sim(&trace, page_size, max, &ReadOptions { allow_truncated })
-                .map_err(code)?;
-            for w in &r.warnings {
-                eprintln!("warning: {w}");
-            }
+            let spin = ui::Spinner::new(&format!("trace stack: reading {}", trace.display()));
+            let r = stack_sim(&trace, page_size, max, &read.options());
+            spin.finish();
+            let r = r.map_err(err)?;
+            warn_all(&r.warnings);
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -188,55 +288,101 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        TraceCommand::Capture { out, command } => {
-            let s = mmulab_trace::capture::capture(&out, &command).map_err(code)?;
-            for w in &s.warnings {
-                eprintln!("warning: {w}");
+        TraceCommand::Capture { out, json, command } => {
+            let spin = ui::Spinner::new(&format!("capturing {}", command.join(" ")));
+            let s = mmulab_trace::capture::capture(&out, &command);
+            spin.finish();
+            let s = s.map_err(err)?;
+            warn_all(&s.warnings);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!(
+                    "{:?} exited with {:?} after {:.1} s",
+                    s.command.join(" "),
+                    s.exit_code,
+                    s.wall_seconds
+                );
+                for p in &s.processes {
+                    println!(
+                        "pid {}: wrote {} ({} page references, {} syscalls, {} bytes)",
+                        p.pid,
+                        p.trace.display(),
+                        p.page_refs,
+                        p.syscalls,
+                        p.trace_bytes
+                    );
+                }
             }
-            println!("{}", serde_json::to_string_pretty(&s)?);
         }
         TraceCommand::Convert {
             log,
             out,
             page_size,
-            allow_truncated,
+            read,
+            json,
         } => {
-            let shift = mmulab_trace::page_shift(page_size).map_err(code)?;
-            let (summary, warning) =
-                mmulab_trace::binary::convert_lackey(&log, &out, shift, 0, allow_truncated)
-                    .map_err(code)?;
-            if let Some(w) = warning {
-                eprintln!("warning: {w}");
+            let shift = mmulab_trace::page_shift(page_size).map_err(err)?;
+            let spin = ui::Spinner::new(&format!("trace convert: reading {}", log.display()));
+            let r = mmulab_trace::binary::convert(&log, &out, shift, 0, &read.options());
+            spin.finish();
+            let (summary, warnings) = r.map_err(err)?;
+            warn_all(&warnings);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                println!(
+                    "wrote {}: {} page references, {} syscalls, {} bytes",
+                    out.display(),
+                    summary.header.access_count,
+                    summary.header.syscall_count,
+                    summary.bytes
+                );
             }
-            println!("{}", serde_json::to_string_pretty(&summary)?);
         }
         TraceCommand::Export {
             trace,
             format,
             page_size,
-            allow_truncated,
+            out,
+            read,
         } => {
-            let format: ExportFormat = format.parse().map_err(code)?;
-            let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
-            let (_, warnings) = export(
-                &trace,
-                page_size,
-                format,
-                &ReadOptions { allow_truncated },
-                &mut out,
-            )
-            .map_err(code)?;
-            for w in warnings {
-                eprintln!("warning: {w}");
-            }
+            let format = match format {
+                FormatArg::Xdin => ExportFormat::Xdin,
+                FormatArg::Din => ExportFormat::Din,
+            };
+            let warnings = match &out {
+                None => {
+                    let stdout = std::io::stdout();
+                    let mut w = std::io::BufWriter::new(stdout.lock());
+                    export(&trace, page_size, format, &read.options(), &mut w)
+                        .map_err(err)?
+                        .1
+                }
+                Some(path) => {
+                    let staged = mmulab_trace::binary::Staged::new(path);
+                    let file = std::fs::File::create(staged.path())
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    let (_, warnings) =
+                        export(&trace, page_size, format, &read.options(), &mut w).map_err(err)?;
+                    w.into_inner()
+                        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.error()))?;
+                    staged.commit().map_err(err)?;
+                    warnings
+                }
+            };
+            warn_all(&warnings);
         }
         TraceCommand::Bench { log } => {
             let mut o = BenchOptions::default();
             if let Some(p) = log {
                 o.workload = Workload::Lackey(p);
             }
-            let r = bench(&o).map_err(code)?;
+            let spin = ui::Spinner::new("trace bench");
+            let r = bench(&o);
+            spin.finish();
+            let r = r.map_err(err)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
         }
     }
@@ -244,16 +390,17 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
 }
 
 /// `trace sim --r2000`: uhlig94's trap-driven R2000 over the trace and its system calls.
-fn r2000_sim(trace: &std::path::Path, os: &str, seed: u64, json: bool) -> anyhow::Result<ExitCode> {
+fn r2000_sim(
+    trace: &std::path::Path,
+    os: OsArg,
+    seed: u64,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
     use mmulab_swtlb::os::OsKind as R2000Os;
     use mmulab_swtlb::r2000;
-    let os = R2000Os::from_key(os).ok_or_else(|| {
-        BadInput(format!(
-            "--os {os}: expected ultrix, osf1, mach3, afsin or afsout"
-        ))
-    })?;
-    let o =
-        r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed).map_err(BadInput)?;
+    let os = R2000Os::from_key(os.key()).expect("every --os value is an OS");
+    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed)
+        .map_err(|e| anyhow::anyhow!(e))?;
     if json {
         println!("{}", serde_json::to_string(&o)?);
     } else {
@@ -261,13 +408,3 @@ fn r2000_sim(trace: &std::path::Path, os: &str, seed: u64, json: bool) -> anyhow
     }
     Ok(ExitCode::SUCCESS)
 }
-
-/// A trace the user gave is malformed or truncated: exit status 2.
-#[derive(Debug)]
-pub struct BadInput(pub String);
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for BadInput {}

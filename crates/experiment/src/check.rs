@@ -4,7 +4,7 @@
 //! shape) is drawn from the seed (a seed swarm), so one seed number
 //! replays one exact run.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use mmulab_engine::SimRng;
@@ -228,6 +228,10 @@ pub struct CheckReport {
     pub shootdowns: u64,
     pub first_failing: Option<FailingSeed>,
     pub wall_s: f64,
+    /// Stopped by Ctrl-C: `seeds` counts the seeds checked, not all asked
+    /// for. Absent when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 impl CheckReport {
@@ -286,16 +290,37 @@ pub fn check(
     seeds: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> CheckReport {
+    check_until(protocol, start, seeds, progress, None)
+}
+
+/// [`check`], stopped when `stop` is raised: seeds not yet begun are
+/// skipped, and those running finish (a seed is short), so the report
+/// covers whole seeds only; `seeds` counts those checked and
+/// `interrupted` says the sweep was cut short. `start + seeds` must not
+/// overflow (the CLI checks it).
+pub fn check_until(
+    protocol: &str,
+    start: u64,
+    seeds: u64,
+    progress: &(dyn Fn(u64) + Sync),
+    stop: Option<&AtomicBool>,
+) -> CheckReport {
     let t0 = Instant::now();
     let done = AtomicU64::new(0);
-    let results: Vec<SeedResult> = (start..start + seeds)
+    let end = start.checked_add(seeds).expect("start + seeds fits a u64");
+    let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
+    let results: Vec<SeedResult> = (start..end)
         .into_par_iter()
-        .map(|s| {
+        .filter_map(|s| {
+            if stopped() {
+                return None;
+            }
             let r = check_one(protocol, s);
             progress(done.fetch_add(1, Ordering::Relaxed) + 1);
-            r
+            Some(r)
         })
         .collect();
+    let interrupted = stopped() && (results.len() as u64) < seeds;
     let first = results
         .iter()
         .find(|r| r.violations > 0 || r.liveness.is_some())
@@ -311,8 +336,9 @@ pub fn check(
         });
     CheckReport {
         protocol: protocol.to_string(),
-        seeds,
+        seeds: results.len() as u64,
         start,
+        interrupted,
         violations: results.iter().map(|r| r.violations).sum(),
         lock_order_violations: results.iter().map(|r| r.lock_order).sum(),
         seeds_with_violations: results.iter().filter(|r| r.violations > 0).count() as u64,

@@ -3,6 +3,7 @@
 //! spec and seed give byte-identical results (all but `host`).
 
 pub mod bench;
+pub mod budget;
 pub mod check;
 pub mod host_preset;
 pub mod preset;
@@ -11,6 +12,7 @@ pub mod results;
 pub mod run;
 pub mod spec;
 
+pub use budget::{Budget, Estimate};
 pub use results::Results;
 pub use run::{RunError, run_spec};
 pub use spec::{Spec, SpecError};

@@ -52,10 +52,7 @@ pub fn load(name: &str) -> Result<Preset, SpecError> {
         return parse(text, name);
     }
     if name.ends_with(".toml") {
-        let text = std::fs::read_to_string(name).map_err(|err| SpecError::Io {
-            path: name.to_string(),
-            err,
-        })?;
+        let text = crate::spec::read_bounded(std::path::Path::new(name), "a preset file")?;
         return parse(&text, name);
     }
     Err(SpecError::Invalid(format!(

@@ -34,6 +34,10 @@ pub struct Results {
     pub workload: WorkloadReport,
     /// Watchdog reports (a CPU spinning past its bound), with the seed.
     pub liveness: Vec<LivenessReport>,
+    /// The run was stopped (Ctrl-C) before it ended: `runs` counts the
+    /// runs begun, the last of them cut short. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     pub host: HostInfo,
 }
 

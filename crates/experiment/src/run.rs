@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use mmulab_engine::Histogram;
@@ -57,6 +59,12 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
 
 /// Runs one seed of a (validated) spec.
 pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
+    run_seed_until(spec, seed, None)
+}
+
+/// [`run_seed`], stopped early when `stop` is raised (the outcome's
+/// `sim.interrupted` says so).
+pub fn run_seed_until(spec: &Spec, seed: u64, stop: Option<&Arc<AtomicBool>>) -> SeedOutcome {
     let entry = mmulab_protocols::find(&spec.protocol).expect("validated protocol");
     let o = &spec.protocol_options;
     let opts = ProtocolOptions {
@@ -75,6 +83,9 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
         sim_config(spec, seed),
         protocol as Rc<dyn mmulab_kernel::Protocol>,
     );
+    if let Some(flag) = stop {
+        sim.set_interrupt(flag.clone());
+    }
     let mut workload = spec.workload.build();
     workload.start(&sim);
     sim.boot();
@@ -87,15 +98,35 @@ pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
 }
 
 /// Runs every seed of a spec and merges them into one result.
-pub fn run_spec(spec: &Spec, mut progress: impl FnMut(u64, u64)) -> Result<Results, RunError> {
+pub fn run_spec(spec: &Spec, progress: impl FnMut(u64, u64)) -> Result<Results, RunError> {
+    run_spec_until(spec, progress, None)
+}
+
+/// [`run_spec`], stopped when `stop` is raised: the seed running then ends
+/// early, no further seed starts, and the results keep what ran, marked
+/// `interrupted`.
+pub fn run_spec_until(
+    spec: &Spec,
+    mut progress: impl FnMut(u64, u64),
+    stop: Option<&Arc<AtomicBool>>,
+) -> Result<Results, RunError> {
     let start = Instant::now();
     let mut outcomes = Vec::new();
+    let mut interrupted = false;
     for r in 0..spec.runs {
-        outcomes.push(run_seed(spec, spec.seed + r));
+        let out = run_seed_until(spec, spec.seed.wrapping_add(r), stop);
+        interrupted = out.sim.interrupted;
+        outcomes.push(out);
         progress(r + 1, spec.runs);
+        if interrupted || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            interrupted = true;
+            break;
+        }
     }
     let wall = start.elapsed().as_secs_f64();
-    Ok(merge(spec, outcomes, wall))
+    let mut results = merge(spec, outcomes, wall);
+    results.interrupted = interrupted;
+    Ok(results)
 }
 
 pub fn machine_description() -> String {
@@ -186,6 +217,7 @@ pub fn merge(spec: &Spec, outcomes: Vec<SeedOutcome>, wall_s: f64) -> Results {
         oracle: oracle.expect("at least one run"),
         workload: workload.expect("at least one run"),
         liveness,
+        interrupted: false,
         host: HostInfo {
             wall_s,
             refs_per_second: if wall_s > 0.0 {

@@ -16,10 +16,127 @@ use crate::preset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("{0}")]
+    /// A key or value that is wrong; the message names it. Whatever of the
+    /// user's input it echoes is cut to [`ECHO_CHARS`] characters on
+    /// display (a 50 MB protocol name came back whole).
+    #[error("{}", clip_message(.0))]
     Invalid(String),
-    #[error("cannot read {path}: {err}")]
+    #[error("cannot read {}: {err}", clip(path))]
     Io { path: String, err: std::io::Error },
+}
+
+/// The most characters of a user's key, value or line an error echoes.
+pub const ECHO_CHARS: usize = 200;
+
+/// The largest spec file read (specs are a few KiB; a 50 MB one peaked at
+/// 1.3 GB of memory while parsing).
+pub const MAX_SPEC_BYTES: u64 = 1 << 20;
+
+/// The most components a `--set` key may have (the deepest spec key has 4,
+/// `memory.interconnect.mesh_cols` 3); 60,000 overflowed the stack.
+pub const MAX_KEY_DEPTH: usize = 8;
+
+/// The longest run a spec may ask for (`engine.max_cycles`): 10^15 cycles,
+/// 11 days at 1 GHz. Every other duration in a spec is bounded by the
+/// run's own limit, so sums of them stay far from overflowing a u64.
+pub const MAX_CYCLES: u64 = 1_000_000_000_000_000;
+
+/// The longest per-CPU action queue (`protocol_options.action_queue`):
+/// Mach's queues hold a handful of entries; a queue longer than the
+/// largest TLB only delays the full flush it stands for.
+pub const MAX_ACTION_QUEUE: usize = mmulab_machine::TlbConfig::MAX_ENTRIES;
+
+/// A spec or preset file's text, refused past [`MAX_SPEC_BYTES`]. The
+/// limit is applied while reading (at most one byte past it is taken), so
+/// it holds for a file that grows, a pipe, or /dev/zero.
+pub(crate) fn read_bounded(path: &Path, what: &str) -> Result<String, SpecError> {
+    use std::io::Read;
+    let io = |err| SpecError::Io {
+        path: path.display().to_string(),
+        err,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(MAX_SPEC_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(invalid(format!(
+            "{}: {what} is at most {MAX_SPEC_BYTES} bytes (1 MiB)",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// `s` cut to [`ECHO_CHARS`] characters, saying how long it was. A string
+/// already cut (its 200 characters and the `…`) is left as it is.
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(ECHO_CHARS + 1) {
+        None => s.to_string(),
+        Some(_) => {
+            let (i, _) = s.char_indices().nth(ECHO_CHARS).expect("longer");
+            format!("{}… ({} bytes in all)", &s[..i], s.len())
+        }
+    }
+}
+
+/// An error message with every echo of the user's input cut: each quoted
+/// (`…`, "…") or unbroken run longer than [`ECHO_CHARS`], and the source
+/// lines a TOML parse error quotes (`12 | …` and the caret line under it).
+pub fn clip_message(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len().min(64 * 1024));
+    for (n, line) in msg.split('\n').enumerate() {
+        if n > 0 {
+            out.push('\n');
+        }
+        let t = line.trim_start();
+        let snippet = t.starts_with('|')
+            || (t.starts_with(|c: char| c.is_ascii_digit())
+                && t.trim_start_matches(|c: char| c.is_ascii_digit())
+                    .starts_with(" |"));
+        if snippet {
+            out.push_str(&clip(line));
+            continue;
+        }
+        clip_runs(line, &mut out);
+    }
+    out
+}
+
+/// Copies `line`, cutting quoted spans and unbroken runs that are too long.
+fn clip_runs(line: &str, out: &mut String) {
+    let mut rest = line;
+    while !rest.is_empty() {
+        let c = rest.chars().next().expect("not empty");
+        if c.is_whitespace() {
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if (c == '`' || c == '"')
+            && let Some(end) = rest[1..].find(c)
+        {
+            let inner = &rest[1..1 + end];
+            out.push(c);
+            out.push_str(&clip(inner));
+            out.push(c);
+            rest = &rest[end + 2..];
+            continue;
+        }
+        let end = rest[c.len_utf8()..]
+            .find(|ch: char| ch.is_whitespace() || ch == '`' || ch == '"')
+            .map_or(rest.len(), |i| i + c.len_utf8());
+        out.push_str(&clip(&rest[..end]));
+        rest = &rest[end..];
+    }
 }
 
 fn invalid(s: impl Into<String>) -> SpecError {
@@ -232,6 +349,15 @@ fn parse_value(raw: &str) -> Value {
 
 /// Sets a dotted key in a TOML table, creating tables on the way.
 pub fn set_path(root: &mut toml::Table, key: &str, value: Value) -> Result<(), SpecError> {
+    // Counted before splitting: a key of 60,000 components is refused
+    // without building anything from it.
+    let depth = key.split('.').take(MAX_KEY_DEPTH + 1).count();
+    if depth > MAX_KEY_DEPTH {
+        return Err(invalid(format!(
+            "--set {}: a key has at most {MAX_KEY_DEPTH} dotted components",
+            clip(key)
+        )));
+    }
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(invalid(format!("--set {key}: empty key component")));
@@ -282,16 +408,19 @@ impl Spec {
         {
             return Spec::parse(&text, sets, &format!("experiments/{rel}"));
         }
-        let text = std::fs::read_to_string(path).map_err(|err| SpecError::Io {
-            path: path.display().to_string(),
-            err,
-        })?;
+        let text = read_bounded(path, "a spec file")?;
         Spec::parse(&text, sets, &path.display().to_string())
     }
 
     /// Parses spec text with overrides applied. `origin` names the file in
     /// error messages.
     pub fn parse(text: &str, sets: &[String], origin: &str) -> Result<Spec, SpecError> {
+        if text.len() as u64 > MAX_SPEC_BYTES {
+            return Err(invalid(format!(
+                "{origin}: a spec is at most {MAX_SPEC_BYTES} bytes (1 MiB), this one has {}",
+                text.len()
+            )));
+        }
         let mut table: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
@@ -318,8 +447,12 @@ impl Spec {
         };
         let mut effective = preset::load(&preset_name)?.spec;
         merge(&mut effective, table);
-        let spec: Spec = Spec::deserialize(effective)
+        let spec: Spec = Spec::deserialize(effective.clone())
             .map_err(|e| invalid(format!("{origin}: {}", e.to_string().trim())))?;
+        // serde reads a struct from an array by position; a spec never
+        // does (`--set engine=[1,1,1]` set three keys no one named).
+        let shape = serde_json::to_value(&spec).expect("a spec serialises");
+        no_positional_tables(&effective, &shape, "")?;
         spec.validate()?;
         Ok(spec)
     }
@@ -343,6 +476,14 @@ impl Spec {
         if m.memory_mb == 0 {
             return Err(invalid("machine.memory_mb: must be at least 1"));
         }
+        if m.memory_mb > m.page_table.max_memory_mb() {
+            return Err(invalid(format!(
+                "machine.memory_mb: {} page tables address at most {} MB of physical memory, got {}",
+                m.page_table.name(),
+                m.page_table.max_memory_mb(),
+                m.memory_mb
+            )));
+        }
         m.tlb.validate("machine.tlb").map_err(invalid)?;
         if self.runs == 0 {
             return Err(invalid("runs: must be at least 1"));
@@ -359,19 +500,43 @@ impl Spec {
                 self.costs.clock_hz
             )));
         }
-        if self.protocol_options.action_queue == 0 {
-            return Err(invalid("protocol_options.action_queue: must be at least 1"));
+        let e = &self.engine;
+        if !(1..=MAX_CYCLES).contains(&e.max_cycles) {
+            return Err(invalid(format!(
+                "engine.max_cycles: must be 1 to {MAX_CYCLES} (10^15), got {}",
+                e.max_cycles
+            )));
         }
-        if let Some(dw) = &self.kernel.disabled_windows
-            && dw.mean_interval_cycles == 0
-        {
-            return Err(invalid(
-                "kernel.disabled_windows.mean_interval_cycles: must be at least 1",
-            ));
+        if e.quantum_cycles > e.max_cycles {
+            return Err(invalid(format!(
+                "engine.quantum_cycles: {} is longer than the run (engine.max_cycles = {})",
+                e.quantum_cycles, e.max_cycles
+            )));
+        }
+        self.costs
+            .validate("costs", e.max_cycles, self.memory.is_none())
+            .map_err(invalid)?;
+        let q = self.protocol_options.action_queue;
+        if !(1..=MAX_ACTION_QUEUE).contains(&q) {
+            return Err(invalid(format!(
+                "protocol_options.action_queue: must be 1 to {MAX_ACTION_QUEUE} entries, got {q}"
+            )));
+        }
+        if let Some(dw) = &self.kernel.disabled_windows {
+            dw.validate("kernel.disabled_windows", e.max_cycles)
+                .map_err(invalid)?;
         }
         let k = &self.kernel;
         if k.hz == 0 {
             return Err(invalid("kernel.hz: must be at least 1"));
+        }
+        // A clock interrupt needs at least a cycle: a tick rate above the
+        // processor's clock (10^12 Hz on a 15 MHz machine) is no machine.
+        if k.hz as f64 > self.costs.clock_hz {
+            return Err(invalid(format!(
+                "kernel.hz: {} ticks a second is faster than the processor's clock (costs.clock_hz = {} Hz)",
+                k.hz, self.costs.clock_hz
+            )));
         }
         if k.segkmem_zone_bytes == 0 {
             return Err(invalid(
@@ -419,15 +584,21 @@ impl Spec {
                 m.memory_mb
             )));
         }
-        if m.page_table == PtFormat::I386 && m.memory_mb > 4096 {
-            return Err(invalid(format!(
-                "machine.memory_mb: i386 page tables address at most 4096 MB (4 GB) of physical memory, got {}",
-                m.memory_mb
-            )));
-        }
         self.validate_memory()?;
+        cycles_within(&self.to_json(), "", e.max_cycles)?;
         self.workload.validate(m.cpus).map_err(invalid)?;
+        self.workload
+            .fits(m.cpus, self.usable_pages())
+            .map_err(invalid)?;
         Ok(())
+    }
+
+    /// Frames of `machine.memory_mb` a workload may fill: all but a 1/64
+    /// share and 256 frames kept for page tables and the kernel's own
+    /// (a leaf table maps 512 pages, 1024 on the i386).
+    pub fn usable_pages(&self) -> u64 {
+        let frames = self.machine.memory_mb.saturating_mul(256);
+        frames.saturating_sub(frames / 64 + 256)
     }
 
     /// The `[memory]` table against the machine and the protocol.
@@ -463,6 +634,64 @@ impl Spec {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a spec serialises")
     }
+}
+
+/// Refuses an array given where the spec has a table (`shape` is the
+/// parsed spec), naming the key.
+fn no_positional_tables(
+    given: &toml::Table,
+    shape: &serde_json::Value,
+    prefix: &str,
+) -> Result<(), SpecError> {
+    for (k, v) in given {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        let Some(want) = shape.get(k.as_str()) else {
+            continue;
+        };
+        match (v, want) {
+            (Value::Array(_), serde_json::Value::Object(_)) => {
+                return Err(invalid(format!(
+                    "{}: expected a table of named keys, got an array (a table's keys are never taken by position)",
+                    clip(&key)
+                )));
+            }
+            (Value::Table(t), serde_json::Value::Object(_)) => {
+                no_positional_tables(t, want, &key)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Every `*_cycles` value of the spec (costs, kernel, workload, memory) is
+/// at most `max`, the run's own time limit: a duration the run can never
+/// reach is a typo or an overflow waiting to happen.
+fn cycles_within(v: &serde_json::Value, prefix: &str, max: u64) -> Result<(), SpecError> {
+    if let serde_json::Value::Object(m) = v {
+        for (k, x) in m {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if k.ends_with("_cycles")
+                && key != "engine.max_cycles"
+                && let Some(n) = x.as_u64()
+                && n > max
+            {
+                return Err(invalid(format!(
+                    "{key}: {n} cycles is longer than the run's time limit (engine.max_cycles = {max})"
+                )));
+            }
+            cycles_within(x, &key, max)?;
+        }
+    }
+    Ok(())
 }
 
 /// The embedded spec `path` names, with or without `experiments/` and
@@ -546,5 +775,36 @@ mod tests {
         assert!(err(BASE, &["protocol=\"bogus\""]).starts_with("protocol"));
         assert!(err(BASE, &["workload.children=16"]).starts_with("workload.children"));
         assert!(err(BASE, &["runs=0"]).starts_with("runs"));
+    }
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::*;
+
+    /// Regression: a 50 MB protocol name came back whole on stderr.
+    #[test]
+    fn echoed_input_is_cut_to_200_characters_once() {
+        let key = "a.".repeat(60_000);
+        let msg = format!(
+            "--set {}: a key has at most 8 dotted components",
+            clip(&key)
+        );
+        let once = clip_message(&msg);
+        assert_eq!(clip_message(&once), once, "clipping is idempotent");
+        assert!(once.len() < 400, "{once}");
+        assert!(once.contains("(120000 bytes in all)"), "{once}");
+        assert_eq!(once.matches("bytes in all").count(), 1, "{once}");
+        let quoted = format!("unknown protocol `{}` (known: none)", "x".repeat(5_000_000));
+        let cut = clip_message(&quoted);
+        assert!(cut.len() < 400 && cut.ends_with("(known: none)"), "{cut}");
+        let snippet = format!(
+            "TOML parse error\n1 | x = {}\n  |     ^\n",
+            "[".repeat(100_000)
+        );
+        assert!(clip_message(&snippet).len() < 700);
+        // Short messages pass through untouched.
+        let plain = "machine.cpus: must be 1 to 1024, got 0";
+        assert_eq!(clip_message(plain), plain);
     }
 }

@@ -132,17 +132,29 @@ impl ShootdownOptions {
         (1..usable_cores).collect()
     }
 
+    /// The most pages one operation may cover: 65,536 (256 MiB at 4 KiB),
+    /// far past Linux's full-flush ceiling of 33, and memory each
+    /// responder's mapping really takes.
+    pub const MAX_PAGES: usize = 1 << 16;
+    /// The most timed repetitions per point: 10^6 (at tens of µs each,
+    /// minutes per point).
+    pub const MAX_REPS: usize = 1_000_000;
+
     /// Checks what can be checked without touching the machine.
     pub fn validate(&self) -> Result<(), HostError> {
-        if self.pages == 0 {
-            return Err(HostError::InvalidOptions(
-                "--pages must be at least 1".into(),
-            ));
+        if !(1..=Self::MAX_PAGES).contains(&self.pages) {
+            return Err(HostError::InvalidOptions(format!(
+                "--pages: must be 1 to {}, got {}",
+                Self::MAX_PAGES,
+                self.pages
+            )));
         }
-        if self.reps == 0 {
-            return Err(HostError::InvalidOptions(
-                "--reps must be at least 1".into(),
-            ));
+        if !(1..=Self::MAX_REPS).contains(&self.reps) {
+            return Err(HostError::InvalidOptions(format!(
+                "--reps: must be 1 to {}, got {}",
+                Self::MAX_REPS,
+                self.reps
+            )));
         }
         if self.threads.contains(&0) {
             return Err(HostError::InvalidOptions(

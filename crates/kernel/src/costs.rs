@@ -84,6 +84,88 @@ pub struct Costs {
     pub tlb_refill_trap_cycles: u64,
 }
 
+/// The slowest and fastest clocks a spec may give (`costs.clock_hz`): from
+/// 1 kHz, below any processor these papers model, to 100 GHz, above any
+/// built. Outside them a cycle count no longer prints as a sensible time
+/// (1e-300 Hz printed "simulated inf µs").
+pub const CLOCK_HZ_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e11;
+
+impl Costs {
+    /// Checks what the types cannot; the error names its key
+    /// (`{prefix}.ref_cycles`). A cost longer than the run's time limit
+    /// (`max_cycles`) could never be paid, and costs the simulator loops
+    /// on (a spin iteration, an idle poll; a reference on flat memory)
+    /// must take time, or a loop over them never reaches the next event.
+    /// `flat`: no cache hierarchy, whose latencies would time references.
+    pub fn validate(&self, prefix: &str, max_cycles: u64, flat: bool) -> Result<(), String> {
+        if !CLOCK_HZ_RANGE.contains(&self.clock_hz) {
+            return Err(format!(
+                "{prefix}.clock_hz: must be from {:e} to {:e} Hz, got {:e}",
+                CLOCK_HZ_RANGE.start(),
+                CLOCK_HZ_RANGE.end(),
+                self.clock_hz
+            ));
+        }
+        for (key, v) in [
+            ("ref_cycles", if flat { self.ref_cycles } else { 1 }),
+            ("spin_iteration_cycles", self.spin_iteration_cycles),
+            ("idle_poll_cycles", self.idle_poll_cycles),
+        ] {
+            if v == 0 {
+                return Err(format!(
+                    "{prefix}.{key}: must be at least 1 (a loop over a zero-cycle step never advances time)"
+                ));
+            }
+        }
+        for (key, v) in self.cycle_costs() {
+            if v > max_cycles {
+                return Err(format!(
+                    "{prefix}.{key}: {v} cycles is longer than the run's time limit (engine.max_cycles = {max_cycles})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every integer field, by key (the test below holds it to the struct).
+    pub fn cycle_costs(&self) -> [(&'static str, u64); 30] {
+        [
+            ("ref_cycles", self.ref_cycles),
+            ("mem_cycles", self.mem_cycles),
+            ("walk_level_cycles", self.walk_level_cycles),
+            ("tlb_flush_entry_cycles", self.tlb_flush_entry_cycles),
+            ("tlb_flush_all_cycles", self.tlb_flush_all_cycles),
+            ("pte_write_cycles", self.pte_write_cycles),
+            ("trap_cycles", self.trap_cycles),
+            ("fault_cycles", self.fault_cycles),
+            ("zero_fill_cycles", self.zero_fill_cycles),
+            ("copy_page_cycles", self.copy_page_cycles),
+            ("syscall_cycles", self.syscall_cycles),
+            ("context_switch_cycles", self.context_switch_cycles),
+            ("ipi_send_cycles", self.ipi_send_cycles),
+            ("ipi_latency_cycles", self.ipi_latency_cycles),
+            ("ipi_dispatch_cycles", self.ipi_dispatch_cycles),
+            ("ipi_return_cycles", self.ipi_return_cycles),
+            ("lock_cycles", self.lock_cycles),
+            ("unlock_cycles", self.unlock_cycles),
+            ("spin_iteration_cycles", self.spin_iteration_cycles),
+            ("spl_cycles", self.spl_cycles),
+            ("action_queue_cycles", self.action_queue_cycles),
+            ("action_process_cycles", self.action_process_cycles),
+            ("lazy_check_cycles", self.lazy_check_cycles),
+            ("idle_poll_cycles", self.idle_poll_cycles),
+            ("bus_contention_cycles", self.bus_contention_cycles),
+            // Not cycles, but a count of bus users: bounded the same way
+            // so that no product with it overflows.
+            ("bus_free_users", self.bus_free_users),
+            ("ipi_jitter_cycles", self.ipi_jitter_cycles),
+            ("hat_cookie_cycles", self.hat_cookie_cycles),
+            ("tlb_refill_trap_cycles", self.tlb_refill_trap_cycles),
+            ("pmap_change_page_cycles", self.pmap_change_page_cycles),
+        ]
+    }
+}
+
 impl Default for Costs {
     /// Generic modern-ish defaults (1 GHz); presets override them.
     fn default() -> Self {
@@ -120,5 +202,60 @@ impl Default for Costs {
             hat_cookie_cycles: 5,
             tlb_refill_trap_cycles: 16,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cycle_costs` lists every integer field, so `validate` bounds a
+    /// cost added later too.
+    #[test]
+    fn cycle_costs_lists_every_integer_field() {
+        let json = serde_json::to_value(Costs::default()).unwrap();
+        let mut fields: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .filter(|k| *k != "clock_hz")
+            .collect();
+        let mut listed: Vec<&str> = Costs::default()
+            .cycle_costs()
+            .iter()
+            .map(|(k, _)| *k)
+            .collect();
+        fields.sort();
+        listed.sort();
+        assert_eq!(fields, listed);
+    }
+
+    #[test]
+    fn nonsense_costs_are_refused_by_key() {
+        let max = 20_000_000_000;
+        let ok = Costs::default();
+        assert_eq!(ok.validate("costs", max, true), Ok(()));
+        let e = Costs {
+            ipi_latency_cycles: i64::MAX as u64,
+            ..ok.clone()
+        }
+        .validate("costs", max, true)
+        .unwrap_err();
+        assert!(e.starts_with("costs.ipi_latency_cycles:"), "{e}");
+        let e = Costs {
+            clock_hz: 1e-300,
+            ..ok.clone()
+        }
+        .validate("costs", max, true)
+        .unwrap_err();
+        assert!(e.starts_with("costs.clock_hz:"), "{e}");
+        let e = Costs {
+            ref_cycles: 0,
+            ..ok
+        }
+        .validate("costs", max, true)
+        .unwrap_err();
+        assert!(e.starts_with("costs.ref_cycles:"), "{e}");
     }
 }

@@ -160,8 +160,7 @@ pub trait Protocol {
         writable: bool,
     ) -> KFuture<'a> {
         Box::pin(async move {
-            let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
-            sim.delay(cpu, c).await;
+            sim.enter_or_stop(cpu, pmap, vpn, pfn, writable).await;
         })
     }
 
@@ -624,8 +623,18 @@ impl Sim {
         true
     }
 
-    /// Enters a mapping in the page tables (no TLB action). Returns the cost.
-    pub fn pt_enter(&self, cpu: CpuId, pmap: PmapId, vpn: Vpn, pfn: Pfn, writable: bool) -> Cycles {
+    /// Enters a mapping in the page tables (no TLB action). Returns the
+    /// cost, or the size of a physical memory too full for a new page
+    /// table (the mapping is not entered; [`Sim::enter_or_stop`] then ends
+    /// the run).
+    pub fn pt_enter(
+        &self,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: Pfn,
+        writable: bool,
+    ) -> Result<Cycles, mmulab_machine::physmem::OutOfMemory> {
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
         let costs = w.cfg.costs.clone();
@@ -633,14 +642,15 @@ impl Sim {
         let p = &w.pmaps[pmap.0 as usize];
         let (root, kernel) = (p.root, p.kernel);
         let mut new_tables = Vec::new();
-        let (table, index) = leaf_slot(&mut w.mem, fmt, root, vpn, true, &mut new_tables)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "out of physical memory ({} frames): raise machine.memory_mb",
-                    e.frames
-                )
-            })
-            .expect("created");
+        let (table, index) = match leaf_slot(&mut w.mem, fmt, root, vpn, true, &mut new_tables) {
+            Ok(slot) => slot.expect("created"),
+            Err(e) => {
+                // Tables made before the one that failed are linked in:
+                // keep them accounted to the pmap.
+                w.pmaps[pmap.0 as usize].tables.extend(new_tables);
+                return Err(e);
+            }
+        };
         let n_new = new_tables.len() as u64;
         w.pmaps[pmap.0 as usize].tables.extend(new_tables);
         // A new level-2 table is a new level-1 entry: into every per-CPU
@@ -667,7 +677,29 @@ impl Sim {
         if !old.present() {
             w.pv.entry(pfn.0).or_default().push((pmap, vpn));
         }
-        Cycles(costs.pte_write_cycles * (1 + n_new + copies) + costs.mem_cycles * n_new) + store
+        Ok(
+            Cycles(costs.pte_write_cycles * (1 + n_new + copies) + costs.mem_cycles * n_new)
+                + store,
+        )
+    }
+
+    /// [`Sim::pt_enter`] and its cost; a memory too full for a page table
+    /// ends the run (see [`Sim::exhausted`]).
+    pub async fn enter_or_stop(
+        &self,
+        cpu: CpuId,
+        pmap: PmapId,
+        vpn: Vpn,
+        pfn: Pfn,
+        writable: bool,
+    ) {
+        match self.pt_enter(cpu, pmap, vpn, pfn, writable) {
+            Ok(c) => self.delay(cpu, c).await,
+            Err(e) => {
+                self.exhausted(cpu, crate::sim::out_of_frames(e.frames))
+                    .await
+            }
+        }
     }
 
     /// Loads `pmap` on `cpu` (CR3 load): marks it in use and, without

@@ -358,11 +358,7 @@ impl Sim {
                     f
                 }
                 None => {
-                    let f = self
-                        .w()
-                        .mem
-                        .alloc_data()
-                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    let f = self.alloc_data_or_stop(cpu).await;
                     self.w().segmap.cache.insert(key, f);
                     self.page_hash_exit(cpu, hash).await;
                     self.count("segmap.page_cache_fills", 1);

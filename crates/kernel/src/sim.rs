@@ -30,7 +30,9 @@ use mmulab_machine::pagetable::{Walk, walk};
 use mmulab_memsys::AccessKind;
 
 use crate::memory::TlbHardware;
-use mmulab_machine::{CpuId, OpId, Oracle, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn};
+use mmulab_machine::{
+    CpuId, OpId, Oracle, Pfn, PhysMem, PtFormat, Pte, Tlb, TlbConfig, TlbEntry, Vpn,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::costs::Costs;
@@ -66,6 +68,25 @@ pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 pub struct DisabledWindows {
     pub mean_interval_cycles: u64,
     pub mean_length_cycles: u64,
+}
+
+impl DisabledWindows {
+    /// Both means must be at least a cycle and within the run's time limit:
+    /// a window of `i64::MAX` cycles overflowed the draw and silently turned
+    /// the feature off.
+    pub fn validate(&self, prefix: &str, max_cycles: u64) -> Result<(), String> {
+        for (key, v) in [
+            ("mean_interval_cycles", self.mean_interval_cycles),
+            ("mean_length_cycles", self.mean_length_cycles),
+        ] {
+            if v == 0 || v > max_cycles {
+                return Err(format!(
+                    "{prefix}.{key}: must be 1 to the run's time limit (engine.max_cycles = {max_cycles}), got {v}"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -151,6 +172,14 @@ pub(crate) enum Event {
     DisabledWindow(CpuId),
 }
 
+/// What a run that ran out of physical frames reports.
+pub fn out_of_frames(frames: u64) -> String {
+    format!(
+        "a free physical frame: simulated memory is exhausted ({frames} frames, machine.memory_mb = {}); raise machine.memory_mb or shrink the workload",
+        frames / 256
+    )
+}
+
 /// A liveness failure found by the watchdog.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Liveness {
@@ -199,6 +228,10 @@ pub struct World {
     pub liveness: Option<Liveness>,
     pub live_threads: u64,
     pub timed_out: bool,
+    /// Raised from outside (another thread, a signal handler's flag) to
+    /// stop the run at its next check; see `Sim::set_interrupt`.
+    pub interrupt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    pub interrupted: bool,
     /// Named spin locks other than pmap locks (protocols allocate them).
     pub locks: Vec<Option<CpuId>>,
     /// Sleep locks (`sleeplock`).
@@ -311,6 +344,9 @@ pub struct SimResult {
     pub refs: u64,
     pub events: u64,
     pub timed_out: bool,
+    /// The run was stopped from outside (`Sim::set_interrupt`, Ctrl-C)
+    /// before it ended: everything above covers the time up to `end`.
+    pub interrupted: bool,
 }
 
 impl Sim {
@@ -420,6 +456,8 @@ impl Sim {
             liveness: None,
             live_threads: 0,
             timed_out: false,
+            interrupt: None,
+            interrupted: false,
             wild_accesses: 0,
             kmem_next: (KERNEL_BASE >> PAGE_SHIFT) + 0x100,
             kernel_regions: BTreeMap::new(),

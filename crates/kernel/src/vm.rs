@@ -22,6 +22,12 @@ pub struct ThreadId(pub u32);
 /// First user virtual page handed out by mmap.
 const USER_BASE_VPN: u64 = 0x10000;
 
+/// Pages of user address space a task's mappings may take over its life:
+/// from the first mmap address up to the kernel at `KERNEL_BASE` (3 GB;
+/// addresses are never reused, so this bounds every mmap a task makes).
+/// Workload specs are checked against it before a run.
+pub const USER_PAGES: u64 = (KERNEL_BASE >> PAGE_SHIFT) - USER_BASE_VPN;
+
 /// The text segment, on machines with an I-TLB: one read-only page at
 /// i386's traditional 0x08048000, below every mmap, holding the code the
 /// user threads fetch (`Sim::fetch_instruction`).
@@ -119,8 +125,15 @@ fn prot_rank(p: Prot) -> u8 {
 impl Sim {
     /// A new task: an empty address space, plus a text segment on a
     /// machine with an I-TLB.
+    /// Tasks are created before the run starts, when memory holds only
+    /// the kernel's tables; a spec is checked to leave room for them.
     pub fn create_task(&self) -> TaskId {
-        let task = self.create_empty_task();
+        let task = self.create_empty_task().unwrap_or_else(|e| {
+            panic!(
+                "no frame for a new task's page-table root before the run: {}",
+                crate::sim::out_of_frames(e.frames)
+            )
+        });
         if self.w().has_itlb() {
             // The program's code: an object of its own, mapped read-only
             // and faulted in on the first fetch like any other page.
@@ -145,17 +158,14 @@ impl Sim {
 
     /// A new task with an empty address space (a fork's child, which
     /// takes its regions, text included, from the parent).
-    fn create_empty_task(&self) -> TaskId {
+    fn create_empty_task(&self) -> Result<TaskId, mmulab_machine::physmem::OutOfMemory> {
         let seg_lock = self
             .protocol()
             .rw_vm_locks()
             .then(|| self.new_sleep_lock(Some(crate::lockorder::LockClass::Segment)));
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
-        let root = w
-            .mem
-            .alloc_table(fmt.entries(0))
-            .expect("memory for a page-table root");
+        let root = w.mem.alloc_table(fmt.entries(0))?;
         let id = PmapId(w.pmaps.len() as u32);
         let n = w.cpus.len();
         // Without ASID tags the ASID is unused; with them, one per pmap
@@ -185,7 +195,7 @@ impl Sim {
             seg_lock,
             text: None,
         });
-        tid
+        Ok(tid)
     }
 
     pub fn task_pmap(&self, t: TaskId) -> PmapId {
@@ -422,11 +432,7 @@ impl Sim {
                     // of the page-hash lock: two faulters cannot both fill
                     // the slot, and no one maps the page before it is
                     // filled.
-                    let pfn = self
-                        .w()
-                        .mem
-                        .alloc_data()
-                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                    let pfn = self.alloc_data_or_stop(cpu).await;
                     self.w().objects[region.object as usize]
                         .pages
                         .insert(idx, pfn);
@@ -460,16 +466,12 @@ impl Sim {
                 // changes), then enter the copy. The copy enters the hash,
                 // locked, under the page-hash lock.
                 let hash = self.page_hash_enter(cpu).await;
-                let new = {
+                let new = self.alloc_data_or_stop(cpu).await;
+                {
                     let mut w = self.w();
-                    let new = w
-                        .mem
-                        .alloc_data()
-                        .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
                     w.mem.copy_data(pfn, new);
                     w.objects[region.object as usize].pages.insert(idx, new);
-                    new
-                };
+                }
                 let new_lock = rw_locks.then(|| self.sleep_lock_new_page(cpu, new));
                 self.page_hash_exit(cpu, hash).await;
                 if new_lock.is_some() {
@@ -605,11 +607,7 @@ impl Sim {
             th.fault = Some(vpn << PAGE_SHIFT);
             th.batch = None;
         } else if !mapped {
-            let pfn = self
-                .w()
-                .mem
-                .alloc_data()
-                .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+            let pfn = self.alloc_data_or_stop(cpu).await;
             self.count("vm.kernel_zero_fills", 1);
             let c = self.costs().zero_fill_cycles;
             self.delay(cpu, Cycles(c)).await;
@@ -680,10 +678,25 @@ impl Sim {
         let ret = match s {
             Syscall::Mmap { pages, prot } => {
                 assert!(pages > 0, "mmap of zero pages");
+                // Addresses are never reused: a task that has mapped its
+                // 3 GB (specs are checked for what they must map at
+                // least) ends the run, named, rather than alias the
+                // kernel's addresses.
+                let start = self.w().tasks[task.0 as usize].next_vpn;
+                let top = KERNEL_BASE >> PAGE_SHIFT;
+                if pages >= top || start + pages >= top {
+                    return self
+                        .exhausted(
+                            cpu,
+                            format!(
+                                "{pages} pages of user address space: the task has mapped up to vpn {start:#x} of the {USER_PAGES} pages below the kernel (addresses are not reused); shrink the workload's regions or steps"
+                            ),
+                        )
+                        .await;
+                }
                 let obj = self.new_object(None);
                 let mut w = self.w();
                 let t = &mut w.tasks[task.0 as usize];
-                let start = t.next_vpn;
                 t.next_vpn += pages + 1; // a guard page between mappings
                 t.regions.insert(
                     start,
@@ -759,7 +772,14 @@ impl Sim {
                 0
             }
             Syscall::Fork { child } => {
-                let child_task = self.create_empty_task();
+                let child_task = match self.create_empty_task() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return self
+                            .exhausted(cpu, crate::sim::out_of_frames(e.frames))
+                            .await;
+                    }
+                };
                 let text = self.w().tasks[task.0 as usize].text;
                 self.w().tasks[child_task.0 as usize].text = text;
                 let parent_regions: Vec<Region> = self.w().tasks[task.0 as usize]
@@ -839,11 +859,7 @@ impl Sim {
                         s
                     };
                     for i in (0..pages).filter(|_| wired) {
-                        let pfn = self
-                            .w()
-                            .mem
-                            .alloc_data()
-                            .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                        let pfn = self.alloc_data_or_stop(cpu).await;
                         self.hat_memload(cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
                             .await;
                     }
@@ -982,19 +998,25 @@ impl Sim {
     async fn kmem_alloc_segkmem(&self, cpu: CpuId, pages: u64, wired: bool) -> u64 {
         let lock = self.w().kernel_vm_lock;
         self.lock(cpu, lock).await;
-        let (start, unflushed) = {
+        let got = {
             let mut w = self.w();
-            let start = w.segkmem.alloc(pages).unwrap_or_else(|| {
-                panic!(
-                    "segkmem exhausted ({} pages): raise kernel.segkmem_pages",
+            match w.segkmem.alloc(pages) {
+                Some(start) => {
+                    let unflushed = w.segkmem.unflushed(start, pages);
+                    if !wired {
+                        w.kernel_regions.insert(start, pages);
+                    }
+                    Ok((start, unflushed))
+                }
+                None => Err(format!(
+                    "{pages} pages of kernel virtual space: segkmem is exhausted ({} pages); raise kernel.segkmem_pages",
                     w.segkmem.pages()
-                )
-            });
-            let unflushed = w.segkmem.unflushed(start, pages);
-            if !wired {
-                w.kernel_regions.insert(start, pages);
+                )),
             }
-            (start, unflushed)
+        };
+        let (start, unflushed) = match got {
+            Ok(s) => s,
+            Err(what) => return self.exhausted(cpu, what).await,
         };
         self.unlock(cpu, lock).await;
         let p = self.protocol();
@@ -1009,11 +1031,7 @@ impl Sim {
         }
         if wired {
             for i in 0..pages {
-                let pfn = self
-                    .w()
-                    .mem
-                    .alloc_data()
-                    .unwrap_or_else(|e| panic!("out of memory: {} frames", e.frames));
+                let pfn = self.alloc_data_or_stop(cpu).await;
                 self.hat_memload(cpu, KERNEL_PMAP, Vpn(start + i), pfn, true)
                     .await;
             }

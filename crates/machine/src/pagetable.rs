@@ -97,6 +97,23 @@ impl PtFormat {
     pub fn page_shift(self) -> u32 {
         12
     }
+    /// Physical memory a PTE of this format can address, in MiB: 32 bits
+    /// on the i386, the 36 of the first PAE processors, 52 on x86-64.
+    pub fn max_memory_mb(self) -> u64 {
+        match self {
+            PtFormat::I386 => 1 << (32 - 20),
+            PtFormat::Pae => 1 << (36 - 20),
+            PtFormat::X86_64 => 1 << (52 - 20),
+        }
+    }
+    /// The name a spec gives the format.
+    pub fn name(self) -> &'static str {
+        match self {
+            PtFormat::I386 => "i386",
+            PtFormat::Pae => "pae",
+            PtFormat::X86_64 => "x86-64",
+        }
+    }
     /// Entries in a table at `level` (0 = root).
     pub fn entries(self, level: usize) -> usize {
         1 << self.level_bits()[level]

@@ -74,10 +74,20 @@ impl TlbConfig {
         Policy::Lru
     }
 
+    /// The most entries a TLB may have: 2^20, far above any TLB built (the
+    /// papers' largest is 512) and the limit `mmulab trace sim` keeps. Each
+    /// CPU's TLB is allocated whole before the run (about 100 bytes an
+    /// entry), so 10^8 entries aborted on allocation.
+    pub const MAX_ENTRIES: usize = 1 << 20;
+
     /// Checks the geometry; the error names the offending key.
     pub fn validate(&self, prefix: &str) -> Result<(), String> {
-        if self.entries == 0 {
-            return Err(format!("{prefix}.entries: must be at least 1"));
+        if self.entries == 0 || self.entries > Self::MAX_ENTRIES {
+            return Err(format!(
+                "{prefix}.entries: must be 1 to {} (2^20), got {}",
+                Self::MAX_ENTRIES,
+                self.entries
+            ));
         }
         if self.ways == 0 {
             return Err(format!("{prefix}.ways: must be at least 1"));

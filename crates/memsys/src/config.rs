@@ -52,9 +52,27 @@ impl CacheConfig {
         self.size_bytes / (self.ways * self.block_bytes)
     }
 
+    /// The largest cache level a spec may give: 1 GiB, above any cache
+    /// built. Every line is allocated before the run (about 24 bytes of
+    /// host memory per line, per core for the L1s).
+    pub const MAX_SIZE_BYTES: u64 = 1 << 30;
+
     pub fn validate(&self, prefix: &str) -> Result<(), String> {
         if self.ways == 0 {
             return Err(format!("{prefix}.ways: must be at least 1"));
+        }
+        if self.latency_cycles == 0 {
+            // With the memory system, a reference costs its cache's
+            // latency (`costs.ref_cycles` is 0): a 0-cycle hit would loop
+            // without advancing time.
+            return Err(format!("{prefix}.latency_cycles: must be at least 1"));
+        }
+        if self.size_bytes > Self::MAX_SIZE_BYTES {
+            return Err(format!(
+                "{prefix}.size_bytes: {} is above the 1 GiB ({}) a cache level may have",
+                self.size_bytes,
+                Self::MAX_SIZE_BYTES
+            ));
         }
         if self.block_bytes == 0 || !self.block_bytes.is_power_of_two() {
             return Err(format!(

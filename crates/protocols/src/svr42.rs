@@ -930,8 +930,7 @@ impl Protocol for Svr42 {
                 !creates || hold.space,
                 "hat_memload creates a page table without the as's HAT lock"
             );
-            let c = sim.pt_enter(cpu, pmap, vpn, pfn, writable);
-            sim.delay(cpu, c).await;
+            sim.enter_or_stop(cpu, pmap, vpn, pfn, writable).await;
             self.hat_unlock(sim, cpu, pmap, hold).await;
             sim.set_ipl(cpu, saved);
         })

@@ -343,6 +343,8 @@ fn check_reports(m: &Manifest, dir: &OutDir, tasks: &[&TaskRecord]) -> Vec<Check
                 first_failing: first,
                 // The tasks' own time, summed: a merge has no one wall clock.
                 wall_s: seeds.iter().map(|r| r.wall_s).sum(),
+                // A merge covers every task of the sweep.
+                interrupted: false,
             }
         })
         .collect()

@@ -403,7 +403,7 @@ pub fn load_trace_task(
             }
             Ok(from_trace_task(&t.refs, &t.syscalls, task))
         }
-        TraceFormat::Lackey => {
+        TraceFormat::Lackey | TraceFormat::Dinero(_) => {
             let mut sink = LackeyEvents::default();
             mmulab_trace::lackey::decode_file(path, &mut sink, false)?;
             Ok(from_trace_task(&sink.refs, &sink.syscalls, task))

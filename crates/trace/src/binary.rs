@@ -8,7 +8,7 @@
 //! page of the same class (instruction or data): one byte for a delta in -16..=15.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -384,7 +384,7 @@ impl LackeySink for LackeyToBinary {
     }
 }
 
-/// Converts a lackey log to a binary trace at `page_shift`.
+/// Converts a lackey log to a binary trace at `page_shift` (see [`convert`]).
 pub fn convert_lackey(
     input: &Path,
     output: &Path,
@@ -392,15 +392,93 @@ pub fn convert_lackey(
     pid: u32,
     allow_truncated: bool,
 ) -> Result<(BinarySummary, Option<String>)> {
+    let opts = crate::source::ReadOptions {
+        allow_truncated,
+        lenient: false,
+    };
+    let (summary, warnings) = convert(input, output, page_shift, pid, &opts)?;
+    Ok((summary, warnings.into_iter().next()))
+}
+
+/// A file written beside its target and renamed over it once complete, so
+/// that the target is never half-written and an input that is also the
+/// target (`convert X -o X`) is read whole before it is replaced. Dropped
+/// before [`Staged::commit`], it removes itself.
+pub struct Staged {
+    tmp: PathBuf,
+    target: PathBuf,
+    committed: bool,
+}
+
+impl Staged {
+    /// A temporary name in `target`'s directory (a rename stays on one
+    /// file system).
+    pub fn new(target: &Path) -> Staged {
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "trace".into());
+        let tmp = target.with_file_name(format!(".{name}.mmulab-tmp-{}", std::process::id()));
+        Staged {
+            tmp,
+            target: target.to_path_buf(),
+            committed: false,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames the temporary file over the target.
+    pub fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.target).map_err(|e| TraceError::io(&self.target, e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Converts a text trace (lackey, din or xdin, plain or compressed) to a
+/// binary trace at `page_shift`. The output is written to a temporary
+/// file and renamed over `output` at the end: converting a file onto
+/// itself is safe, and a failed conversion leaves nothing behind (it used
+/// to truncate its own input, or leave a 64-byte stub). Returns the
+/// summary and the warnings.
+pub fn convert(
+    input: &Path,
+    output: &Path,
+    page_shift: u32,
+    pid: u32,
+    opts: &crate::source::ReadOptions,
+) -> Result<(BinarySummary, Vec<String>)> {
+    let source = crate::input::open(input)?;
+    if source.format == crate::input::TraceFormat::Binary {
+        return Err(TraceError::InvalidOptions(format!(
+            "{}: is already a binary trace (convert reads lackey, din and xdin)",
+            input.display()
+        )));
+    }
+    let staged = Staged::new(output);
     let mut sink = LackeyToBinary {
-        writer: BinaryWriter::create(output, page_shift, pid)?,
+        writer: BinaryWriter::create(staged.path(), page_shift, pid)?,
         error: None,
     };
-    let warning = crate::lackey::decode_file(input, &mut sink, allow_truncated)?;
+    let warnings = crate::source::decode_text(source, &mut sink, opts)?;
     if let Some(e) = sink.error {
         return Err(e);
     }
-    Ok((sink.writer.finish()?, warning))
+    let mut summary = sink.writer.finish()?;
+    staged.commit()?;
+    summary.path = output.to_path_buf();
+    Ok((summary, warnings))
 }
 
 /// A syscall and the number of page references before it in the trace.
@@ -409,7 +487,9 @@ pub type PlacedSyscall = (u64, SyscallEvent);
 /// Reads a binary trace block by block.
 pub struct BinaryReader {
     path: PathBuf,
-    file: BufReader<File>,
+    file: Box<dyn BufRead>,
+    /// The largest page number the header's page size allows.
+    max_vpn: u64,
     header: BinaryHeader,
     allow_truncated: bool,
     offset: u64,
@@ -423,10 +503,26 @@ pub struct BinaryReader {
 }
 
 impl BinaryReader {
-    /// Opens `path` and checks its header.
+    /// Opens `path` (plain, gzip or zstd) and checks its header.
     pub fn open(path: &Path, allow_truncated: bool) -> Result<BinaryReader> {
-        let file = File::open(path).map_err(|e| TraceError::io(path, e))?;
-        let mut file = BufReader::with_capacity(1 << 20, file);
+        let input = crate::input::open(path)?;
+        if input.format != crate::input::TraceFormat::Binary {
+            return Err(TraceError::BadBinary {
+                path: path.to_path_buf(),
+                offset: 0,
+                detail: format!(
+                    "not a binary trace (no MMUTRACE magic; it reads as {})",
+                    input.format.name()
+                ),
+            });
+        }
+        BinaryReader::from_input(input, allow_truncated)
+    }
+
+    /// Reads an opened binary trace and checks its header.
+    pub fn from_input(input: crate::input::Input, allow_truncated: bool) -> Result<BinaryReader> {
+        let path = input.path.as_path();
+        let mut file = input.reader;
         let mut h = [0u8; HEADER_LEN];
         let got = read_full(&mut file, &mut h).map_err(|e| TraceError::io(path, e))?;
         if got < HEADER_LEN {
@@ -444,6 +540,7 @@ impl BinaryReader {
         Ok(BinaryReader {
             path: path.to_path_buf(),
             file,
+            max_vpn: crate::max_vpn(header.page_shift),
             header,
             allow_truncated,
             offset: HEADER_LEN as u64,
@@ -501,6 +598,12 @@ impl BinaryReader {
         let h = &self.header;
         if h.finalized && self.block == h.block_count {
             self.done = true;
+            if h.access_count == 0 {
+                return Err(TraceError::Empty {
+                    path: self.path.clone(),
+                    detail: "the binary trace holds no memory reference".into(),
+                });
+            }
             let mut probe = [0u8; 1];
             let extra =
                 read_full(&mut self.file, &mut probe).map_err(|e| TraceError::io(&self.path, e))?;
@@ -596,7 +699,7 @@ impl BinaryReader {
             });
         }
         let before = refs.len();
-        let decoded = decode_payload(&self.payload, refs, syscalls, self.accesses);
+        let decoded = decode_payload(&self.payload, refs, syscalls, self.accesses, self.max_vpn);
         match decoded {
             Ok(n) if n == count as u64 => {}
             Ok(n) => {
@@ -641,12 +744,15 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-/// Decodes one block's payload; returns the number of records or (offset, problem).
-fn decode_payload(
+/// Decodes one block's payload; returns the number of records or (offset,
+/// problem). A page delta that takes a page number below 0 or above
+/// `max_vpn` is refused (a negative delta from page 0 used to wrap around).
+pub fn decode_payload(
     payload: &[u8],
     refs: &mut Vec<PageRef>,
     mut syscalls: Option<&mut Vec<PlacedSyscall>>,
     accesses_before: u64,
+    max_vpn: u64,
 ) -> std::result::Result<u64, (usize, String)> {
     let mut prev = [0u64; 2];
     let mut i = 0;
@@ -671,8 +777,16 @@ fn decode_payload(
             // kind in bits 7..6, continuation in bit 5, signed delta in bits 4..0.
             let kind = (b >> 6) as u64;
             let is_instr = kind == AccessKind::Ifetch as u64;
-            let delta = (((b << 3) as i8) >> 3) as i64 as u64;
-            let vpn = if is_instr { instr } else { data }.wrapping_add(delta);
+            let delta = (((b << 3) as i8) >> 3) as i64;
+            let Some(vpn) = if is_instr { instr } else { data }
+                .checked_add_signed(delta)
+                .filter(|&v| v <= max_vpn)
+            else {
+                return Err((
+                    i,
+                    out_of_range(if is_instr { instr } else { data }, delta, max_vpn),
+                ));
+            };
             if is_instr {
                 instr = vpn;
             } else {
@@ -700,9 +814,14 @@ fn decode_payload(
             let at = i;
             i += 1;
             let z = get_varint(payload, &mut i).ok_or_else(|| (at, "cut varint".to_string()))?;
-            let delta = (z >> 1) ^ (z & 1).wrapping_neg();
+            let delta = ((z >> 1) ^ (z & 1).wrapping_neg()) as i64;
             let class = (kind >> 1) as usize;
-            let vpn = prev[class].wrapping_add(delta);
+            let Some(vpn) = prev[class]
+                .checked_add_signed(delta)
+                .filter(|&v| v <= max_vpn)
+            else {
+                return Err((at, out_of_range(prev[class], delta, max_vpn)));
+            };
             prev[class] = vpn;
             refs[w] = PageRef(vpn << 3 | cont << 2 | kind);
             w += 1;
@@ -761,6 +880,12 @@ fn decode_payload(
     }
     refs.truncate(w);
     Ok(records)
+}
+
+fn out_of_range(prev: u64, delta: i64, max_vpn: u64) -> String {
+    format!(
+        "page delta {delta} from page {prev:#x} leaves the pages 0..={max_vpn:#x} of the address space"
+    )
 }
 
 /// A whole binary trace in memory.

@@ -64,12 +64,21 @@ pub enum TraceError {
         offset: u64,
         detail: String,
     },
-    /// An operating-system error on a file.
-    #[error("{}: {source}", path.display())]
-    Io {
+    /// An operating-system error on a file. The OS error is part of the
+    /// message and not a `source`, so a chain printer does not say it twice
+    /// ("No such file or directory (os error 2)" came out twice).
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
+    /// A trace with no memory references: an empty file, or one whose
+    /// lines are all messages, syscalls or (under `--lenient`) skipped.
+    #[error("{}: {detail}", path.display())]
+    Empty { path: PathBuf, detail: String },
+    /// A compressed trace whose stream cannot be decoded.
+    #[error("{}: bad {format} stream: {detail}", path.display())]
+    BadCompressed {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        format: &'static str,
+        detail: String,
     },
     /// Options that do not describe a TLB or a trace we can handle.
     #[error("invalid options: {0}")]
@@ -89,14 +98,31 @@ impl TraceError {
                 | TraceError::TruncatedBinary { .. }
                 | TraceError::Checksum { .. }
                 | TraceError::BadBinary { .. }
+                | TraceError::Empty { .. }
+                | TraceError::BadCompressed { .. }
         )
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        TraceError::Io {
-            path: path.into(),
-            source,
+    /// An I/O error on `path`; one a decompressor raised is the stream's
+    /// fault, bad input.
+    pub(crate) fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
+        let path = path.into();
+        let ours = err
+            .get_ref()
+            .is_some_and(|e| e.is::<crate::input::StreamError>());
+        if ours {
+            let s = err
+                .into_inner()
+                .expect("checked")
+                .downcast::<crate::input::StreamError>()
+                .expect("checked");
+            return TraceError::BadCompressed {
+                path,
+                format: s.format,
+                detail: s.detail,
+            };
         }
+        TraceError::Io { path, err }
     }
 }
 

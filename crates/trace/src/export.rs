@@ -16,8 +16,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::lackey::{LackeyDecoder, LackeySink, LineKind};
-use crate::source::{ReadOptions, TraceFormat, detect_format, open_trace};
+use crate::lackey::{LackeySink, LineKind};
+use crate::source::{ReadOptions, TextDecoder, TraceFormat, open_trace};
 use crate::{AccessKind, Result, TraceError, page_shift};
 
 /// Which Dinero IV input format to write.
@@ -73,7 +73,8 @@ struct Pieces {
 impl Pieces {
     fn pieces(&mut self, kind: AccessKind, addr: u64, size: u64) {
         let label = self.format.label(kind);
-        let end = addr.saturating_add(size - 1);
+        // The decoders refuse an access past 2^64, so this cannot wrap.
+        let end = addr + (size - 1);
         let mut a = addr;
         loop {
             let page_end = (a | ((1u64 << self.shift) - 1)).min(end);
@@ -128,13 +129,16 @@ pub fn export<W: Write>(
         buf: Vec::with_capacity(1 << 21),
         lines: 0,
     };
-    match detect_format(path)? {
-        TraceFormat::Lackey => {
-            let mut file = std::fs::File::open(path).map_err(|e| TraceError::io(path, e))?;
-            let mut decoder = LackeyDecoder::new(path);
+    let mut input = crate::input::open(path)?;
+    match input.format {
+        TraceFormat::Lackey | TraceFormat::Dinero(_) => {
+            let mut decoder = TextDecoder::new(path, input.format, read.lenient);
             let mut chunk = vec![0u8; 1 << 20];
             loop {
-                let n = file.read(&mut chunk).map_err(|e| TraceError::io(path, e))?;
+                let n = input
+                    .reader
+                    .read(&mut chunk)
+                    .map_err(|e| TraceError::io(path, e))?;
                 if n == 0 {
                     break;
                 }
@@ -142,11 +146,13 @@ pub fn export<W: Write>(
                 out.write_all(&sink.buf).map_err(werr)?;
                 sink.buf.clear();
             }
-            let warning = decoder.finish(read.allow_truncated)?;
+            let warnings = decoder.finish(read.allow_truncated, &mut sink)?;
+            out.write_all(&sink.buf).map_err(werr)?;
             out.flush().map_err(werr)?;
-            Ok((sink.lines, warning.into_iter().collect()))
+            Ok((sink.lines, warnings))
         }
         TraceFormat::Binary => {
+            drop(input);
             let mut src = open_trace(path, page_size, read)?;
             let mut batch = Vec::new();
             while src.next_batch(&mut batch)? {

@@ -89,6 +89,12 @@ const MAX_LINE: usize = 1 << 20;
 
 const EXPECT_ACCESS: &str = "an access line `I  ADDR,SIZE` or ` L|S|M ADDR,SIZE` (hex address of 1-16 digits, \
      a comma, a decimal size from 1 to 1048576, a newline)";
+const EXPECT_IN_RANGE: &str = "an access that ends at or below the top of the 64-bit address space \
+     (ADDR + SIZE - 1 <= 0xffffffffffffffff)";
+const EXPECT_RESULT: &str = "a result ` --> Success(N)`, ` --> Failure(N)` or ` --> NoWriteResult` \
+     (optionally after `[pre-success]`, `[pre-fail]`, `[sync]` or `[async]`)";
+const EXPECT_CALL_ARGS: &str = "a syscall call line whose arguments close: \
+     `SYSCALL[PID,TID](NR) name ( args )`, then optionally ` --> RESULT` or ` --> [async] ...`";
 const EXPECT_KIND: &str = "a lackey line: `I  ADDR,SIZE`, ` L ADDR,SIZE`, ` S ADDR,SIZE`, ` M ADDR,SIZE`, \
      `SYSCALL[PID,TID](NR) ...`, ` --> RESULT` or a Valgrind message `==PID== ...`";
 const EXPECT_SYSCALL: &str =
@@ -126,6 +132,13 @@ pub struct LackeyDecoder {
     banner_pid: u32,
     /// (pid, tid, nr) of the last syscall call line.
     last_call: Option<(u32, u32, u32)>,
+    /// Skip malformed lines (counting them) instead of failing.
+    lenient: bool,
+    /// Lines skipped under `lenient`, and the first one's error.
+    skipped: u64,
+    first_skipped: Option<String>,
+    /// Under `lenient`, an over-long line is being dropped up to its newline.
+    discarding: bool,
 }
 
 impl LackeyDecoder {
@@ -138,7 +151,48 @@ impl LackeyDecoder {
             carry: Vec::new(),
             banner_pid: 0,
             last_call: None,
+            lenient: false,
+            skipped: 0,
+            first_skipped: None,
+            discarding: false,
         }
+    }
+
+    /// Skips malformed lines (and over-long ones) instead of failing;
+    /// [`LackeyDecoder::skipped`] counts them.
+    pub fn lenient(mut self, on: bool) -> LackeyDecoder {
+        self.lenient = on;
+        self
+    }
+
+    /// Lines skipped as malformed under `lenient`.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// What a lenient decode skipped, as a warning; None if nothing.
+    pub fn skipped_warning(&self) -> Option<String> {
+        (self.skipped > 0).then(|| {
+            format!(
+                "{}: skipped {} malformed line{} (--lenient); the first: {}",
+                self.path.display(),
+                self.skipped,
+                if self.skipped == 1 { "" } else { "s" },
+                self.first_skipped.as_deref().unwrap_or("?")
+            )
+        })
+    }
+
+    /// Counts a skipped line under `lenient`, or returns the error.
+    fn skip_or_fail(&mut self, e: TraceError) -> Result<()> {
+        if !self.lenient {
+            return Err(e);
+        }
+        self.skipped += 1;
+        if self.first_skipped.is_none() {
+            self.first_skipped = Some(e.to_string());
+        }
+        Ok(())
     }
 
     /// Lines decoded so far.
@@ -164,6 +218,16 @@ impl LackeyDecoder {
     /// Decodes every complete line of `data` (after any carried partial line) and keeps
     /// the cut tail for the next call.
     pub fn feed<S: LackeySink>(&mut self, mut data: &[u8], sink: &mut S) -> Result<()> {
+        if self.discarding {
+            match data.iter().position(|&b| b == b'\n') {
+                None => return Ok(()),
+                Some(i) => {
+                    self.discarding = false;
+                    self.line += 1;
+                    data = &data[i + 1..];
+                }
+            }
+        }
         if !self.carry.is_empty() {
             match data.iter().position(|&b| b == b'\n') {
                 None => {
@@ -186,9 +250,13 @@ impl LackeyDecoder {
         self.check_carry()
     }
 
-    fn check_carry(&self) -> Result<()> {
+    fn check_carry(&mut self) -> Result<()> {
         if self.carry.len() > MAX_LINE {
-            return Err(self.malformed(self.line + 1, &self.carry, "a line shorter than 1 MiB"));
+            let e = self.malformed(self.line + 1, &self.carry, "a line shorter than 1 MiB");
+            self.skip_or_fail(e)?;
+            // Lenient: drop the line up to its newline (counted then).
+            self.carry.clear();
+            self.discarding = true;
         }
         Ok(())
     }
@@ -196,6 +264,12 @@ impl LackeyDecoder {
     /// Ends the stream. A last line with no newline is a truncated trace: an error, or
     /// with `allow_truncated` a warning (returned) and the line is dropped.
     pub fn finish(&mut self, allow_truncated: bool) -> Result<Option<String>> {
+        if self.discarding {
+            // An over-long last line, already counted as skipped.
+            self.discarding = false;
+            self.line += 1;
+            return Ok(None);
+        }
         if self.carry.is_empty() {
             return Ok(None);
         }
@@ -259,7 +333,12 @@ impl LackeyDecoder {
                 }
                 if !(1..=16).contains(&(q - start)) || buf[q] != b',' {
                     self.line = line;
-                    return Err(self.malformed(line, line_at(buf, p), EXPECT_ACCESS));
+                    self.accesses = accesses;
+                    let text = line_at(buf, p);
+                    let e = self.malformed(line, text, EXPECT_ACCESS);
+                    self.skip_or_fail(e)?;
+                    p += text.len();
+                    continue;
                 }
                 q += 1;
                 let dstart = q;
@@ -271,9 +350,23 @@ impl LackeyDecoder {
                 let ok = buf[q] == b'\n'
                     && (1..=7).contains(&(q - dstart))
                     && (1..=MAX_ACCESS_SIZE).contains(&size);
-                if !ok {
+                // An access past 2^64 would be clipped where it is split
+                // into pages (` M fffffffffffff000,8192` lost a page).
+                let expected = if !ok {
+                    Some(EXPECT_ACCESS)
+                } else if addr.checked_add(size - 1).is_none() {
+                    Some(EXPECT_IN_RANGE)
+                } else {
+                    None
+                };
+                if let Some(expected) = expected {
                     self.line = line;
-                    return Err(self.malformed(line, line_at(buf, p), EXPECT_ACCESS));
+                    self.accesses = accesses;
+                    let text = line_at(buf, p);
+                    let e = self.malformed(line, text, expected);
+                    self.skip_or_fail(e)?;
+                    p += text.len();
+                    continue;
                 }
                 sink.access(kind, addr, size);
                 accesses += 1;
@@ -284,7 +377,9 @@ impl LackeyDecoder {
             p += text.len();
             self.line = line;
             self.accesses = accesses;
-            self.decode_other(&text[..text.len() - 1], line, sink)?;
+            if let Err(e) = self.decode_other(&text[..text.len() - 1], line, sink) {
+                self.skip_or_fail(e)?;
+            }
         }
         self.line = line;
         self.accesses = accesses;
@@ -313,11 +408,14 @@ impl LackeyDecoder {
         if let Some(rest) = text.strip_prefix(b"SYSCALL[") {
             let event = self
                 .parse_syscall(rest)
-                .ok_or_else(|| self.malformed(line, text, EXPECT_SYSCALL))?;
+                .map_err(|expected| self.malformed(line, text, expected))?;
             sink.syscall(&event);
             return Ok(());
         }
         if let Some(rest) = text.strip_prefix(b" --> ") {
+            // ` --> Wat(zz)` was taken in as a result-less line.
+            let result =
+                parse_result(rest).ok_or_else(|| self.malformed(line, text, EXPECT_RESULT))?;
             let (pid, tid, nr) = self
                 .last_call
                 .unwrap_or((self.banner_pid, 0, UNKNOWN_SYSCALL));
@@ -327,7 +425,7 @@ impl LackeyDecoder {
                 nr,
                 phase: SyscallPhase::Result,
                 args: Vec::new(),
-                result: parse_result(rest),
+                result: Some(result),
             };
             sink.syscall(&event);
             return Ok(());
@@ -342,38 +440,55 @@ impl LackeyDecoder {
         Err(self.malformed(line, text, expected))
     }
 
-    /// `rest` follows `SYSCALL[`.
-    fn parse_syscall(&mut self, rest: &[u8]) -> Option<SyscallEvent> {
-        let (pid, rest) = take_dec(rest)?;
-        let rest = rest.strip_prefix(b",")?;
-        let (tid, rest) = take_dec(rest)?;
-        let rest = rest.strip_prefix(b"](")?;
-        let (nr, rest) = take_dec(rest)?;
-        let rest = rest.strip_prefix(b")")?;
-        let (pid, tid, nr) = (
-            u32::try_from(pid).ok()?,
-            u32::try_from(tid).ok()?,
-            u32::try_from(nr).ok()?,
-        );
+    /// `rest` follows `SYSCALL[`; the error is what was expected.
+    fn parse_syscall(&mut self, rest: &[u8]) -> std::result::Result<SyscallEvent, &'static str> {
+        let head = || -> Option<(u32, u32, u32, &[u8])> {
+            let (pid, rest) = take_dec(rest)?;
+            let rest = rest.strip_prefix(b",")?;
+            let (tid, rest) = take_dec(rest)?;
+            let rest = rest.strip_prefix(b"](")?;
+            let (nr, rest) = take_dec(rest)?;
+            let rest = rest.strip_prefix(b")")?;
+            Some((
+                u32::try_from(pid).ok()?,
+                u32::try_from(tid).ok()?,
+                u32::try_from(nr).ok()?,
+                rest,
+            ))
+        };
+        let (pid, tid, nr, rest) = head().ok_or(EXPECT_SYSCALL)?;
         let body = trim_start(rest);
-        if body.starts_with(b"... [async] -->") {
-            return Some(SyscallEvent {
+        if let Some(after) = body.strip_prefix(b"... [async] -->") {
+            return Ok(SyscallEvent {
                 pid,
                 tid,
                 nr,
                 phase: SyscallPhase::Complete,
                 args: Vec::new(),
-                result: parse_result(&body[b"... [async] -->".len()..]),
+                result: Some(parse_result(after).ok_or(EXPECT_RESULT)?),
             });
         }
+        // An unclosed argument list (`SYSCALL[1,1](2) open ( 0x1`) was
+        // taken in with the arguments it had.
+        let args = parse_args(body).ok_or(EXPECT_CALL_ARGS)?;
+        let result = match find(body, b"-->") {
+            None => None,
+            Some(i) => {
+                let after = trim_start(&body[i + 3..]);
+                if after.starts_with(b"[async]") {
+                    None
+                } else {
+                    Some(parse_result(after).ok_or(EXPECT_RESULT)?)
+                }
+            }
+        };
         self.last_call = Some((pid, tid, nr));
-        let result = find(body, b"-->").and_then(|i| parse_result(&body[i + 3..]));
-        Some(SyscallEvent {
+        Ok(SyscallEvent {
             pid,
             tid,
             nr,
             phase: SyscallPhase::Call,
-            args: parse_args(body),
+            args,
             result,
         })
     }
@@ -425,8 +540,14 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).rposition(|w| w == needle)
 }
 
-/// `Success(0x..)` / `Failure(0x..)` anywhere after the arrow.
+/// `Success(0x..)` / `Failure(0x..)` anywhere after the arrow, or
+/// `NoWriteResult` (syswrap-main.c prints it for a call completed by its
+/// pre-handler without a result to write back, such as `rt_sigreturn`;
+/// Valgrind's own status is then a bogus `Success(0)`, kept here).
 fn parse_result(s: &[u8]) -> Option<SyscallResult> {
+    if find(s, b"NoWriteResult").is_some() {
+        return Some(SyscallResult::Success(0));
+    }
     for (tag, ok) in [(&b"Success("[..], true), (&b"Failure("[..], false)] {
         if let Some(i) = find(s, tag) {
             let (v, _) = take_number(&s[i + tag.len()..])?;
@@ -440,11 +561,12 @@ fn parse_result(s: &[u8]) -> Option<SyscallResult> {
     None
 }
 
-/// The arguments between the first `(` of the body and its matching `)`.
-fn parse_args(body: &[u8]) -> Vec<u64> {
+/// The arguments between the first `(` of the body and its matching `)`;
+/// None if that `(` never closes.
+fn parse_args(body: &[u8]) -> Option<Vec<u64>> {
     let mut args = Vec::new();
     let Some(open) = body.iter().position(|&b| b == b'(') else {
-        return args;
+        return Some(args);
     };
     let mut depth = 0usize;
     let mut token_start = open + 1;
@@ -459,13 +581,13 @@ fn parse_args(body: &[u8]) -> Vec<u64> {
                 }
                 token_start = i + 1;
                 if b == b')' {
-                    break;
+                    return Some(args);
                 }
             }
             _ => {}
         }
     }
-    args
+    None
 }
 
 /// Turns accesses into the page references a TLB sees at one page size: a page-crossing
@@ -521,23 +643,19 @@ impl LackeySink for PageSplitter {
     }
 }
 
-/// Decodes a whole lackey file into `sink`, reading it in 4 MiB chunks. Returns the
-/// truncation warning, if `allow_truncated` turned one into a warning.
+/// Decodes a whole text trace (a lackey log, or din/xdin; plain, gzip or
+/// zstd) into `sink`. Returns the truncation warning, if `allow_truncated`
+/// turned one into a warning.
 pub fn decode_file<S: LackeySink>(
     path: &Path,
     sink: &mut S,
     allow_truncated: bool,
 ) -> Result<Option<String>> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path).map_err(|e| TraceError::io(path, e))?;
-    let mut decoder = LackeyDecoder::new(path);
-    let mut buf = vec![0u8; 4 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| TraceError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        decoder.feed(&buf[..n], sink)?;
-    }
-    decoder.finish(allow_truncated)
+    let input = crate::input::open(path)?;
+    let opts = crate::source::ReadOptions {
+        allow_truncated,
+        lenient: false,
+    };
+    let warnings = crate::source::decode_text(input, sink, &opts)?;
+    Ok(warnings.into_iter().next())
 }

@@ -21,8 +21,10 @@
 pub mod bench;
 pub mod binary;
 pub mod capture;
+pub mod dinero;
 mod error;
 pub mod export;
+pub mod input;
 pub mod lackey;
 pub mod mattson;
 pub mod sim;
@@ -105,12 +107,20 @@ impl std::fmt::Debug for PageRef {
     }
 }
 
-/// log2 of a page size, which must be a power of two from 4 bytes to 2^40.
+/// log2 of a page size, which must be a power of two from 8 bytes to 2^40:
+/// at 8 bytes or more every page of the 64-bit address space has a number
+/// a [`PageRef`] holds (at 4, addresses from 2^63 up did not).
 pub fn page_shift(page_size: u64) -> Result<u32> {
-    if !page_size.is_power_of_two() || !(4..=1 << 40).contains(&page_size) {
+    if !page_size.is_power_of_two() || !(8..=1 << 40).contains(&page_size) {
         return Err(TraceError::InvalidOptions(format!(
-            "page size {page_size} must be a power of two between 4 and 2^40 bytes"
+            "--page-size {page_size}: must be a power of two between 8 and 2^40 bytes"
         )));
     }
     Ok(page_size.trailing_zeros())
+}
+
+/// The largest page number a trace split at `page_shift` may hold: every
+/// page of the 64-bit address space, within what a [`PageRef`] packs.
+pub fn max_vpn(page_shift: u32) -> u64 {
+    (u64::MAX >> page_shift).min(MAX_VPN)
 }

@@ -1,13 +1,18 @@
-//! Opening a trace of either kind as a stream of page references at one page size.
+//! Opening a trace of any kind as a stream of page references at one page
+//! size: a lackey log, a Dinero din or xdin trace or a binary trace, each
+//! possibly gzip- or zstd-compressed (see [`crate::input`]).
 
-use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::binary::{BinaryReader, MAGIC};
-use crate::lackey::{LackeyDecoder, PageSplitter};
+use crate::binary::BinaryReader;
+use crate::dinero::DineroDecoder;
+use crate::input::Input;
+use crate::lackey::{LackeyDecoder, LackeySink, PageSplitter};
 use crate::sim::{SimOptions, SimResult, Tlb};
 use crate::{PageRef, Result, TraceError, page_shift};
+
+pub use crate::input::TraceFormat;
 
 /// How to read a trace.
 #[derive(Clone, Debug, Default)]
@@ -15,67 +20,136 @@ pub struct ReadOptions {
     /// Keep the complete records of a truncated trace and warn, instead of failing.
     /// Default: false.
     pub allow_truncated: bool,
+    /// Skip malformed lines of a text trace (a line that does not parse,
+    /// an access past 2^64, an unknown record), count them and warn,
+    /// instead of failing on the first. Default: false.
+    pub lenient: bool,
 }
 
 /// A stream of page references.
 pub trait RefSource {
     /// Clears `out` and fills it with the next references; false once the trace is done.
     fn next_batch(&mut self, out: &mut Vec<PageRef>) -> Result<bool>;
-    /// Warnings so far (truncation kept under `allow_truncated`).
+    /// Warnings so far (truncation kept under `allow_truncated`, lines
+    /// skipped under `lenient`).
     fn warnings(&self) -> Vec<String>;
     /// log2 of the page size of the references.
     fn page_shift(&self) -> u32;
 }
 
-/// Which kind of trace a file is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TraceFormat {
-    /// A Valgrind lackey log.
-    Lackey,
-    /// mmulab's binary trace (starts with `MMUTRACE`).
-    Binary,
-}
-
-/// Looks at the first bytes of `path`.
+/// The format of the trace at `path`, under any compression.
 pub fn detect_format(path: &Path) -> Result<TraceFormat> {
-    let mut f = File::open(path).map_err(|e| TraceError::io(path, e))?;
-    let mut head = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        let n = f
-            .read(&mut head[got..])
-            .map_err(|e| TraceError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    // A file cut inside the magic is a (truncated) binary trace, not a lackey log.
-    Ok(if got > 0 && head[..got] == MAGIC[..got] {
-        TraceFormat::Binary
-    } else {
-        TraceFormat::Lackey
-    })
+    Ok(crate::input::open(path)?.format)
 }
 
-/// Opens a lackey log or a binary trace (by magic) as references at `page_size`.
+/// Opens a trace (any format, by its bytes) as references at `page_size`.
 /// A binary trace can be read at its base page size or any larger power of two.
 pub fn open_trace(path: &Path, page_size: u64, opts: &ReadOptions) -> Result<Box<dyn RefSource>> {
     let shift = page_shift(page_size)?;
-    Ok(match detect_format(path)? {
-        TraceFormat::Lackey => Box::new(LackeySource::open(path, shift, opts)?),
-        TraceFormat::Binary => Box::new(BinarySource::open(path, shift, opts)?),
+    let input = crate::input::open(path)?;
+    Ok(match input.format {
+        TraceFormat::Binary => Box::new(BinarySource::open(input, shift, opts)?),
+        _ => Box::new(TextSource::open(input, shift, opts)),
     })
 }
 
 /// Refs per batch (a batch stays in L2).
 const BATCH: usize = 1 << 16;
 
-/// Decodes a lackey log on the fly.
-pub struct LackeySource {
-    path: PathBuf,
-    file: File,
-    decoder: LackeyDecoder,
+/// A text trace's decoder: lackey or Dinero.
+#[derive(Debug)]
+pub enum TextDecoder {
+    Lackey(LackeyDecoder),
+    Dinero(DineroDecoder),
+}
+
+impl TextDecoder {
+    /// A decoder for `format` (not binary).
+    pub fn new(path: &Path, format: TraceFormat, lenient: bool) -> TextDecoder {
+        match format {
+            TraceFormat::Dinero(f) => {
+                TextDecoder::Dinero(DineroDecoder::new(path, f).lenient(lenient))
+            }
+            TraceFormat::Lackey | TraceFormat::Binary => {
+                TextDecoder::Lackey(LackeyDecoder::new(path).lenient(lenient))
+            }
+        }
+    }
+
+    pub fn feed<S: LackeySink>(&mut self, data: &[u8], sink: &mut S) -> Result<()> {
+        match self {
+            TextDecoder::Lackey(d) => d.feed(data, sink),
+            TextDecoder::Dinero(d) => d.feed(data, sink),
+        }
+    }
+
+    /// Ends the stream; returns its warnings (a cut last line kept under
+    /// `allow_truncated`, lines skipped under `lenient`). A trace without
+    /// a single memory reference is an error.
+    pub fn finish<S: LackeySink>(
+        &mut self,
+        allow_truncated: bool,
+        sink: &mut S,
+    ) -> Result<Vec<String>> {
+        let mut warnings = Vec::new();
+        let (path, accesses, skipped) = match self {
+            TextDecoder::Lackey(d) => {
+                warnings.extend(d.finish(allow_truncated)?);
+                warnings.extend(d.skipped_warning());
+                (d.path().to_path_buf(), d.accesses(), d.skipped())
+            }
+            TextDecoder::Dinero(d) => {
+                d.finish(sink)?;
+                warnings.extend(d.skipped_warning());
+                (d.path().to_path_buf(), d.accesses(), d.skipped())
+            }
+        };
+        if accesses == 0 {
+            return Err(TraceError::Empty {
+                path,
+                detail: if skipped > 0 {
+                    format!("no memory reference is left after skipping {skipped} malformed lines")
+                } else {
+                    "the trace holds no memory reference".into()
+                },
+            });
+        }
+        Ok(warnings)
+    }
+}
+
+/// Decodes a whole text trace into `sink`, reading it in 4 MiB chunks;
+/// returns its warnings.
+pub fn decode_text<S: LackeySink>(
+    mut input: Input,
+    sink: &mut S,
+    opts: &ReadOptions,
+) -> Result<Vec<String>> {
+    if input.format == TraceFormat::Binary {
+        return Err(TraceError::InvalidOptions(format!(
+            "{}: is a binary trace; this reads text traces (lackey, din, xdin)",
+            input.path.display()
+        )));
+    }
+    let mut decoder = TextDecoder::new(&input.path, input.format, opts.lenient);
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let n = input
+            .reader
+            .read(&mut buf)
+            .map_err(|e| TraceError::io(&input.path, e))?;
+        if n == 0 {
+            break;
+        }
+        decoder.feed(&buf[..n], sink)?;
+    }
+    decoder.finish(opts.allow_truncated, sink)
+}
+
+/// Decodes a text trace (lackey, din or xdin) on the fly.
+pub struct TextSource {
+    input: Input,
+    decoder: TextDecoder,
     splitter: PageSplitter,
     buf: Vec<u8>,
     shift: u32,
@@ -84,34 +158,38 @@ pub struct LackeySource {
     warnings: Vec<String>,
 }
 
-impl LackeySource {
-    pub fn open(path: &Path, shift: u32, opts: &ReadOptions) -> Result<LackeySource> {
-        Ok(LackeySource {
-            path: path.to_path_buf(),
-            file: File::open(path).map_err(|e| TraceError::io(path, e))?,
-            decoder: LackeyDecoder::new(path),
+impl TextSource {
+    pub fn open(input: Input, shift: u32, opts: &ReadOptions) -> TextSource {
+        TextSource {
+            decoder: TextDecoder::new(&input.path, input.format, opts.lenient),
+            input,
             splitter: PageSplitter::new(shift),
             buf: vec![0u8; 1 << 20],
             shift,
             allow_truncated: opts.allow_truncated,
             done: false,
             warnings: Vec::new(),
-        })
+        }
     }
 }
 
-impl RefSource for LackeySource {
+/// The lackey-log source of earlier versions.
+pub type LackeySource = TextSource;
+
+impl RefSource for TextSource {
     fn next_batch(&mut self, out: &mut Vec<PageRef>) -> Result<bool> {
         while !self.done && self.splitter.out.len() < BATCH {
             let n = self
-                .file
+                .input
+                .reader
                 .read(&mut self.buf)
-                .map_err(|e| TraceError::io(&self.path, e))?;
+                .map_err(|e| TraceError::io(&self.input.path, e))?;
             if n == 0 {
                 self.done = true;
-                if let Some(w) = self.decoder.finish(self.allow_truncated)? {
-                    self.warnings.push(w);
-                }
+                let w = self
+                    .decoder
+                    .finish(self.allow_truncated, &mut self.splitter)?;
+                self.warnings.extend(w);
             } else {
                 self.decoder.feed(&self.buf[..n], &mut self.splitter)?;
             }
@@ -139,8 +217,9 @@ pub struct BinarySource {
 }
 
 impl BinarySource {
-    pub fn open(path: &Path, shift: u32, opts: &ReadOptions) -> Result<BinarySource> {
-        let reader = BinaryReader::open(path, opts.allow_truncated)?;
+    pub fn open(input: Input, shift: u32, opts: &ReadOptions) -> Result<BinarySource> {
+        let path = input.path.clone();
+        let reader = BinaryReader::from_input(input, opts.allow_truncated)?;
         let base = reader.header().page_shift;
         if shift < base {
             return Err(TraceError::InvalidOptions(format!(

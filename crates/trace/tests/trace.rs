@@ -248,6 +248,7 @@ fn a_cut_last_line_is_a_truncation_unless_allowed() {
         4096,
         &ReadOptions {
             allow_truncated: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -415,6 +416,7 @@ fn truncated_binary_says_where_and_allow_truncated_keeps_complete_blocks() {
                 4096,
                 &ReadOptions {
                     allow_truncated: true,
+                    ..Default::default()
                 },
             )
             .map(|_| ())
@@ -430,6 +432,7 @@ fn truncated_binary_says_where_and_allow_truncated_keeps_complete_blocks() {
             4096,
             &ReadOptions {
                 allow_truncated: true,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -457,6 +460,7 @@ fn corrupted_binary_fails_its_checksum_with_the_block() {
         4096,
         &ReadOptions {
             allow_truncated: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -491,6 +495,7 @@ fn an_unfinished_binary_trace_is_a_truncation() {
         4096,
         &ReadOptions {
             allow_truncated: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -746,8 +751,16 @@ fn export_as(path: &Path, page: u64, format: ExportFormat) -> (u64, String) {
 
 #[test]
 fn export_writes_exactly_the_simulated_references() {
-    let (n, text) = export_lines(Path::new("/dev/null"), 4096);
-    assert_eq!((n, text.as_str()), (0, ""));
+    // An empty trace is an error, not an empty export (issue 24).
+    let e = mmulab_trace::export::export(
+        Path::new("/dev/null"),
+        4096,
+        ExportFormat::Din,
+        &ReadOptions::default(),
+        &mut Vec::new(),
+    )
+    .unwrap_err();
+    assert!(e.is_bad_input() && e.to_string().contains("empty"), "{e}");
     let p = write_file("exp.log", " M 1ffe,4\nI  400000,3\n L 0ffc,8\n");
     let (n, text) = export_lines(&p, 4096);
     assert_eq!(n, 7);

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 const PAGE: u64 = 4096;
 
@@ -86,6 +86,38 @@ impl KbuildSpec {
             return Err("workload.kmem_pages / workload.user_pages: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// `jobs` compilers at once, each with its user pages and one kernel
+    /// allocation at a time; each touches its user pages a line at a time.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let jobs = (self.jobs as u64).min(self.processes as u64);
+        let per_process = add(&[self.user_pages, self.kmem_pages]);
+        Demand {
+            pages: mul(&[jobs, per_process]),
+            pages_key: if self.user_pages >= self.kmem_pages {
+                "user_pages"
+            } else {
+                "kmem_pages"
+            },
+            vpages: add(&[self.user_pages, 1]),
+            vpages_key: "user_pages",
+            threads: add(&[jobs, 1]),
+            threads_key: "jobs",
+            spawned: add(&[self.processes as u64, 1]),
+            spawned_key: "processes",
+            work: mul(&[
+                self.processes as u64,
+                add(&[
+                    mul(&[self.user_pages, 64]),
+                    mul(&[
+                        self.kmem_per_process,
+                        add(&[mul(&[self.kmem_pages, 16]), 4]),
+                    ]),
+                ]),
+            ]),
+            work_key: "processes",
+        }
     }
 }
 
@@ -293,6 +325,29 @@ impl ParthenonSpec {
         }
         Ok(())
     }
+
+    /// A 64-page heap; `workers` threads at once, each touching the first
+    /// page of its stack and one kernel page at a time; the stacks are
+    /// mapped (not freed) for all `threads`.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let threads = self.threads as u64;
+        let workers = (self.workers as u64).min(threads);
+        Demand {
+            pages: add(&[64, mul(&[threads, 1]), mul(&[workers, 1])]),
+            pages_key: "threads",
+            vpages: add(&[65, mul(&[threads, add(&[self.stack_pages, 1])])]),
+            vpages_key: "stack_pages",
+            threads: add(&[workers, 1]),
+            threads_key: "workers",
+            spawned: add(&[threads, 1]),
+            spawned_key: "threads",
+            work: mul(&[
+                threads,
+                add(&[self.work_refs, mul(&[self.kmem_per_thread, 4]), 8]),
+            ]),
+            work_key: "work_refs",
+        }
+    }
 }
 
 #[derive(Default)]
@@ -492,6 +547,24 @@ impl CamelotSpec {
             return Err("workload.threads / workload.shared_pages: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// One shared region; each thread reprotects one or two of its pages
+    /// and references it between reprotections.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let threads = self.threads as u64;
+        Demand {
+            pages: self.shared_pages,
+            pages_key: "shared_pages",
+            vpages: add(&[self.shared_pages, 1]),
+            vpages_key: "shared_pages",
+            threads: add(&[threads, 1]),
+            threads_key: "threads",
+            spawned: add(&[threads, 1]),
+            spawned_key: "threads",
+            work: mul(&[threads, self.reprotects, add(&[self.refs_between, 8])]),
+            work_key: "reprotects",
+        }
     }
 }
 

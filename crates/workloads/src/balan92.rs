@@ -23,7 +23,7 @@ use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use mmulab_machine::CpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 const PAGE: u64 = 4096;
 
@@ -87,6 +87,28 @@ impl ShootdownSpec {
             ));
         }
         Ok(())
+    }
+
+    /// One range mapped at a time (a fresh one per sample), while every
+    /// other CPU computes in 1,000-cycle steps until the last sample.
+    pub fn demand(&self, cpus: usize) -> Demand {
+        let cpus = cpus as u64;
+        let span = add(&[self.warmup_cycles, mul(&[self.samples, self.gap_cycles])]);
+        Demand {
+            pages: self.pages,
+            pages_key: "pages",
+            vpages: mul(&[self.samples, add(&[self.pages, 1])]),
+            vpages_key: "pages",
+            threads: cpus,
+            threads_key: "mode",
+            spawned: cpus,
+            spawned_key: "mode",
+            work: add(&[
+                mul(&[self.samples, add(&[self.pages, 8])]),
+                mul(&[cpus, span / 1000]),
+            ]),
+            work_key: "samples",
+        }
     }
 }
 
@@ -287,6 +309,46 @@ impl KmemChurnSpec {
             return Err("workload.live: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Each thread holds up to `live` allocations of up to `max_pages`
+    /// and its user pages; the files' pages sit in the page cache.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let threads = self.threads as u64;
+        let kmem = mul(&[threads, self.live as u64, self.max_pages]);
+        let user = mul(&[threads, self.user_pages]);
+        let files = mul(&[self.files as u64, self.file_pages]);
+        let pages = add(&[kmem, user, files]);
+        let pages_key = if kmem >= user && kmem >= files {
+            "max_pages"
+        } else if user >= files {
+            "user_pages"
+        } else {
+            "file_pages"
+        };
+        Demand {
+            pages,
+            pages_key,
+            vpages: mul(&[threads, add(&[self.user_pages, 1])]),
+            vpages_key: "user_pages",
+            threads: add(&[threads, 1]),
+            threads_key: "threads",
+            spawned: add(&[threads, 1]),
+            spawned_key: "threads",
+            work: mul(&[
+                threads,
+                self.allocations,
+                add(&[
+                    if self.touch {
+                        mul(&[self.max_pages, 8])
+                    } else {
+                        1
+                    },
+                    16,
+                ]),
+            ]),
+            work_key: "allocations",
+        }
     }
 }
 
@@ -587,6 +649,24 @@ impl FileIoSpec {
         }
         Ok(())
     }
+
+    /// Every page of every file may sit in the page cache; each operation
+    /// copies `copy_refs` words.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let threads = self.threads as u64;
+        Demand {
+            pages: mul(&[self.files as u64, self.file_pages]),
+            pages_key: "file_pages",
+            vpages: 1,
+            vpages_key: "file_pages",
+            threads: add(&[threads, 1]),
+            threads_key: "threads",
+            spawned: add(&[threads, 1]),
+            spawned_key: "threads",
+            work: mul(&[threads, self.ops, add(&[self.copy_refs, 8])]),
+            work_key: "ops",
+        }
+    }
 }
 
 /// Reads and writes files through segmap: each thread picks a file and
@@ -722,6 +802,24 @@ impl PageoutAgingSpec {
             return Err("workload.pages: pages and passes must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Each LWP's working set; the LWPs store into it (a reference per
+    /// cycle at most) until the daemon's last pass.
+    pub fn demand(&self, cpus: usize) -> Demand {
+        let lwps = self.threads.unwrap_or(cpus.saturating_sub(1)) as u64;
+        Demand {
+            pages: mul(&[lwps, self.pages]),
+            pages_key: "pages",
+            vpages: mul(&[lwps, add(&[self.pages, 1])]),
+            vpages_key: "pages",
+            threads: add(&[lwps, 1]),
+            threads_key: "threads",
+            spawned: add(&[lwps, 1]),
+            spawned_key: "threads",
+            work: mul(&[lwps, self.passes, add(&[self.interval_cycles, self.pages])]),
+            work_key: "passes",
+        }
     }
 }
 
@@ -867,6 +965,40 @@ impl ForkBenchSpec {
             return Err("workload.repeats: repeats and poll_cycles must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Each copy holds its bss and its child's (an exec maps a new one);
+    /// every fork copies the bss's mappings and the child touches its own.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let copies = self.copies as u64;
+        let largest = self
+            .sizes_kb
+            .iter()
+            .map(|k| k.div_ceil(4))
+            .max()
+            .unwrap_or(0);
+        let all = add(&self
+            .sizes_kb
+            .iter()
+            .map(|k| k.div_ceil(4))
+            .collect::<Vec<_>>());
+        let tasks = if self.same_process { 1 } else { copies };
+        Demand {
+            pages: mul(&[copies, 2, largest]),
+            pages_key: "sizes_kb",
+            // A copy's bss regions (one per size) share its task's space.
+            vpages: mul(&[copies / tasks, add(&[all, self.sizes_kb.len() as u64])]),
+            vpages_key: "sizes_kb",
+            threads: mul(&[copies, 2]),
+            threads_key: "copies",
+            spawned: add(&[
+                copies,
+                mul(&[copies, self.sizes_kb.len() as u64, self.repeats]),
+            ]),
+            spawned_key: "repeats",
+            work: mul(&[copies, self.repeats, add(&[mul(&[all, 3]), 16])]),
+            work_key: "repeats",
+        }
     }
 }
 
@@ -1048,6 +1180,29 @@ impl FaultStormSpec {
             return Err("workload.pages: pages and rounds must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Every LWP maps its spread and pages each round and touches the
+    /// pages; mappings are unmapped, but their addresses are not reused.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let lwps = mul(&[self.processes as u64, self.threads as u64]);
+        let span = add(&[self.spread_pages, self.pages]);
+        Demand {
+            pages: mul(&[lwps, self.pages]),
+            pages_key: "pages",
+            vpages: mul(&[self.threads as u64, add(&[self.rounds, 1]), add(&[span, 1])]),
+            vpages_key: if self.spread_pages > self.pages {
+                "spread_pages"
+            } else {
+                "pages"
+            },
+            threads: lwps,
+            threads_key: "threads",
+            spawned: lwps,
+            spawned_key: "threads",
+            work: mul(&[lwps, add(&[self.rounds, 1]), add(&[span, self.pages])]),
+            work_key: "rounds",
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use mmulab_machine::CpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,6 +81,31 @@ impl BenchSpec {
             ));
         }
         Ok(())
+    }
+
+    /// Each thread's private pages plus the shared region; every thread
+    /// makes its `refs_per_thread` references.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let threads = self.threads as u64;
+        Demand {
+            pages: add(&[mul(&[threads, self.private_pages]), self.shared_pages]),
+            pages_key: if mul(&[threads, self.private_pages]) >= self.shared_pages {
+                "private_pages"
+            } else {
+                "shared_pages"
+            },
+            vpages: add(&[
+                mul(&[threads, add(&[self.private_pages, 1])]),
+                self.shared_pages,
+            ]),
+            vpages_key: "private_pages",
+            threads,
+            threads_key: "threads",
+            spawned: threads,
+            spawned_key: "threads",
+            work: mul(&[threads, self.refs_per_thread]),
+            work_key: "refs_per_thread",
+        }
     }
 }
 

@@ -102,6 +102,59 @@ impl WorkloadSpec {
         }
     }
 
+    /// What the workload asks of the machine and the host (see [`Demand`]).
+    pub fn demand(&self, cpus: usize) -> Demand {
+        match self {
+            WorkloadSpec::Tester(s) => s.demand(cpus),
+            WorkloadSpec::Bench(s) => s.demand(cpus),
+            WorkloadSpec::Random(s) => s.demand(cpus),
+            WorkloadSpec::Kbuild(s) => s.demand(cpus),
+            WorkloadSpec::Parthenon(s) => s.demand(cpus),
+            WorkloadSpec::Camelot(s) => s.demand(cpus),
+            WorkloadSpec::Balan92Shootdown(s) => s.demand(cpus),
+            WorkloadSpec::KmemChurn(s) => s.demand(cpus),
+            WorkloadSpec::FileIo(s) => s.demand(cpus),
+            WorkloadSpec::PageoutAging(s) => s.demand(cpus),
+            WorkloadSpec::ForkBench(s) => s.demand(cpus),
+            WorkloadSpec::FaultStorm(s) => s.demand(cpus),
+            WorkloadSpec::UnitdMicro(s) => s.demand(cpus),
+            WorkloadSpec::UnitdApp(s) => s.demand(cpus),
+        }
+    }
+
+    /// Checks the workload's sizes against the machine: the pages it may
+    /// hold must fit physical memory (`memory_pages` frames of 4 KiB; a
+    /// run that ran out panicked in the VM layer) and its threads must stay
+    /// within [`MAX_THREADS`]. Errors name the workload's key.
+    pub fn fits(&self, cpus: usize, memory_pages: u64) -> Result<(), String> {
+        let d = self.demand(cpus);
+        if d.pages > memory_pages {
+            return Err(format!(
+                "workload.{}: the workload may hold {} pages ({} MiB) of simulated memory, more than machine.memory_mb provides ({} pages, {} MiB)",
+                d.pages_key,
+                d.pages,
+                d.pages / 256,
+                memory_pages,
+                memory_pages / 256
+            ));
+        }
+        if d.vpages > mmulab_kernel::vm::USER_PAGES {
+            return Err(format!(
+                "workload.{}: one task's mappings take {} pages of address space over the run, more than the {} pages (3 GB) below the kernel",
+                d.vpages_key,
+                d.vpages,
+                mmulab_kernel::vm::USER_PAGES
+            ));
+        }
+        if d.threads > MAX_THREADS {
+            return Err(format!(
+                "workload.{}: the workload creates {} threads, more than the {MAX_THREADS} a run may have",
+                d.threads_key, d.threads
+            ));
+        }
+        Ok(())
+    }
+
     pub fn names() -> &'static [(&'static str, &'static str)] {
         &[
             (
@@ -150,6 +203,51 @@ impl WorkloadSpec {
             ),
         ]
     }
+}
+
+/// The most threads a workload may create in one run. Every thread is a
+/// coroutine with its own state, and the scheduler's run queue and the
+/// per-thread bookkeeping grow with them: 100,000 threads in one task ran
+/// for minutes without finishing.
+pub const MAX_THREADS: u64 = 16_384;
+
+/// What a workload asks of the machine and of the host, for the checks made
+/// before a run: its sizes against the machine (`WorkloadSpec::fits`) and
+/// the run's estimate of host memory and work. Each figure is computed
+/// from the workload's keys (an upper bound where the workload's draws
+/// allow one, an estimate where it depends on timing) and comes with the
+/// key that drives it, so a refusal can name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Demand {
+    /// Pages of simulated memory the workload may hold at once (for the
+    /// random workload, whose draws decide, the least that must fit).
+    pub pages: u64,
+    pub pages_key: &'static str,
+    /// Pages of user address space one task's mappings take over the run
+    /// (addresses are never reused), against the kernel's `USER_PAGES`;
+    /// for the random workload, what its threads' largest regions need.
+    pub vpages: u64,
+    pub vpages_key: &'static str,
+    /// Threads alive at once (a process counts as its threads).
+    pub threads: u64,
+    pub threads_key: &'static str,
+    /// Threads created over one run: each keeps its bookkeeping (and a
+    /// process its address space's) until the run ends.
+    pub spawned: u64,
+    pub spawned_key: &'static str,
+    /// Operations of one run: memory references, system calls and the
+    /// pages they walk, roughly what the simulator loops over.
+    pub work: u64,
+    pub work_key: &'static str,
+}
+
+/// Saturating products and sums for [`Demand`]: a spec's counts may be
+/// anything a u64 holds, and an estimate that wrapped would pass a check.
+pub(crate) fn mul(xs: &[u64]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x))
+}
+pub(crate) fn add(xs: &[u64]) -> u64 {
+    xs.iter().fold(0u64, |a, &x| a.saturating_add(x))
 }
 
 pub fn verdict(ok: bool) -> String {

@@ -14,7 +14,7 @@ use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use mmulab_machine::CpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +99,65 @@ impl RandomSpec {
             return Err("workload.max_region_pages: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// Every step may map a region of up to `max_region_pages` and touch
+    /// at most 320 of its pages (a reference run is 20 to 319 references).
+    /// What a thread holds depends on its draws (regions are unmapped
+    /// too): the bound `steps` × 320 pages would refuse `mmulab check`'s
+    /// own specs, so the pages counted are those every thread's largest
+    /// region needs, the least that must fit; a run whose draws do exhaust
+    /// memory stops with a named failure. The kernel walks a region page
+    /// by page when it maps, protects or unmaps it, so a step's work
+    /// counts its region's pages, and a fork's child runs 10 more steps.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        const TOUCHED_PER_STEP: u64 = 320;
+        let threads = mul(&[self.tasks as u64, self.threads_per_task as u64]);
+        let per_step = self.max_region_pages.min(TOUCHED_PER_STEP);
+        let forks = if self.fork { 2 } else { 1 };
+        let pages = mul(&[threads, per_step]);
+        // The key furthest above its default drives the size.
+        let d = RandomSpec::default();
+        let ratio = |v: u64, dflt: u64| v as f64 / dflt as f64;
+        let pages_key = [
+            ("tasks", ratio(self.tasks as u64, d.tasks as u64)),
+            (
+                "threads_per_task",
+                ratio(self.threads_per_task as u64, d.threads_per_task as u64),
+            ),
+            ("steps", ratio(self.steps, d.steps)),
+            (
+                "max_region_pages",
+                ratio(self.max_region_pages, d.max_region_pages),
+            ),
+        ]
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(k, _)| k)
+        .expect("keys");
+        Demand {
+            pages,
+            pages_key,
+            // A task's threads map into one address space: one region
+            // each at least.
+            vpages: mul(&[
+                self.threads_per_task as u64,
+                add(&[self.max_region_pages, 1]),
+            ]),
+            vpages_key: "max_region_pages",
+            threads,
+            threads_key: "threads_per_task",
+            // A fork is drawn on 4 % of the steps.
+            spawned: add(&[threads, mul(&[threads, self.steps]) / 25]),
+            spawned_key: pages_key,
+            work: mul(&[
+                threads,
+                self.steps,
+                add(&[TOUCHED_PER_STEP, self.max_region_pages]),
+                forks,
+            ]),
+            work_key: pages_key,
+        }
     }
 }
 

@@ -28,7 +28,7 @@ use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use mmulab_machine::CpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 const LINE: u64 = 64;
 const PAGE: u64 = 4096;
@@ -100,6 +100,38 @@ impl MicroSpec {
             ));
         }
         Ok(())
+    }
+
+    /// The file (a copy-on-write break copies a page), each parser's table
+    /// and each worker's 16-page buffer; every cache line of the file is
+    /// read.
+    pub fn demand(&self, cpus: usize) -> Demand {
+        let cpus = cpus as u64;
+        let parsers = if self.multiple { cpus } else { 1 };
+        Demand {
+            pages: add(&[
+                self.file_pages,
+                self.shootdowns,
+                mul(&[parsers, self.table_pages]),
+                mul(&[cpus, 16]),
+            ]),
+            pages_key: "file_pages",
+            vpages: add(&[
+                self.file_pages,
+                mul(&[parsers, add(&[self.table_pages, 1])]),
+                mul(&[cpus, 17]),
+            ]),
+            vpages_key: "file_pages",
+            threads: cpus,
+            threads_key: "multiple",
+            spawned: cpus,
+            spawned_key: "multiple",
+            work: add(&[
+                mul(&[self.file_pages, (PAGE / LINE) * 2]),
+                mul(&[self.shootdowns, 16]),
+            ]),
+            work_key: "file_pages",
+        }
     }
 }
 
@@ -486,6 +518,25 @@ impl AppSpec {
             return Err("workload.lines_per_thread: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// One thread per CPU over its working set and the shared input.
+    pub fn demand(&self, cpus: usize) -> Demand {
+        let cpus = cpus as u64;
+        let (private, shared, _, unmaps) = self.app.shape();
+        let pages = add(&[shared, mul(&[cpus, add(&[private, unmaps])])]);
+        Demand {
+            pages,
+            pages_key: "app",
+            vpages: add(&[pages, 1]),
+            vpages_key: "app",
+            threads: cpus,
+            threads_key: "app",
+            spawned: cpus,
+            spawned_key: "app",
+            work: mul(&[cpus, self.lines_per_thread]),
+            work_key: "lines_per_thread",
+        }
     }
 }
 

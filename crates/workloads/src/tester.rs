@@ -19,7 +19,7 @@ use mmulab_kernel::{Op, Program, Prot, RefKind, Refs, Sim, Syscall, ThreadCtx};
 use mmulab_machine::CpuId;
 use serde::{Deserialize, Serialize};
 
-use crate::{Workload, WorkloadReport, verdict};
+use crate::{Demand, Workload, WorkloadReport, add, mul, verdict};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,6 +70,25 @@ impl TesterSpec {
             return Err("workload.poll_cycles: must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// One page of counters; each child increments (a reference per
+    /// cycle at most) through the warm-up and, under a broken protocol,
+    /// the whole settle time.
+    pub fn demand(&self, _cpus: usize) -> Demand {
+        let children = self.children as u64;
+        Demand {
+            pages: 1,
+            pages_key: "children",
+            vpages: 1,
+            vpages_key: "children",
+            threads: children.saturating_add(1),
+            threads_key: "children",
+            spawned: children.saturating_add(1),
+            spawned_key: "children",
+            work: mul(&[children, add(&[self.warmup_cycles, self.settle_cycles])]),
+            work_key: "settle_cycles",
+        }
     }
 }
 

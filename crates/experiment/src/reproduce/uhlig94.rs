@@ -26,15 +26,14 @@ use mmulab_engine::mean_ci95;
 use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, RowKind, Series};
 use mmulab_swtlb::costs::CostPreset;
 use mmulab_swtlb::os::{OsKind, OsModel, OsParams, SysRef};
-use mmulab_swtlb::sim::{DynamicPartition, Outcome, Placement, TlbSetup, simulate_trap};
 use mmulab_swtlb::r2000;
+use mmulab_swtlb::sim::{DynamicPartition, Outcome, Placement, TlbSetup, simulate_trap};
 use mmulab_swtlb::tlb::Repl;
 use mmulab_swtlb::workload::{CapturedEvents, Event, Workload, token_ring};
 use mmulab_swtlb::{MissType, simulate_direct};
 use rayon::prelude::*;
 
 use crate::spec::SpecError;
-
 
 fn invalid(s: impl Into<String>) -> SpecError {
     SpecError::Invalid(s.into())

@@ -57,15 +57,30 @@ impl Sim {
 
     // ----- the event loop ------------------------------------------------
 
+    /// Stops the run soon after `flag` is raised (it is read every 4,096
+    /// events); the result says `interrupted`.
+    pub fn set_interrupt(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        self.w().interrupt = Some(flag);
+    }
+
     /// Runs until every thread has exited, a program ends the run, the
     /// watchdog fires or the time limit passes.
     pub fn run(&self) -> SimResult {
         let max = Cycles(self.w().cfg.max_cycles);
         self.start_windows();
+        let mut polled = 0u32;
         loop {
             let ev = {
                 let mut w = self.w();
                 if w.stop {
+                    break;
+                }
+                polled = polled.wrapping_add(1);
+                if polled.is_multiple_of(4096)
+                    && let Some(flag) = &w.interrupt
+                    && flag.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    w.interrupted = true;
                     break;
                 }
                 // Kernel events, then spinners' wake-ups, then user slices
@@ -143,6 +158,7 @@ impl Sim {
             refs: w.refs,
             events: w.queue.scheduled() + w.spin_wakes.scheduled() + w.slices.scheduled(),
             timed_out: w.timed_out,
+            interrupted: w.interrupted,
         };
         drop(w);
         // Coroutines still suspended (idle loops, parked CPUs) hold clones

@@ -93,6 +93,36 @@ impl Sim {
         })
     }
 
+    /// Ends the run because a resource the spec sizes ran out (physical
+    /// frames: `machine.memory_mb`; kernel virtual space:
+    /// `kernel.segkmem_pages`). The thread that needed it can never go on,
+    /// so this is reported the way the watchdog reports a spin past its
+    /// bound, naming what ran out and the key; the coroutine never resumes.
+    /// (It used to be a panic, `out of memory: 131072 frames`.)
+    pub async fn exhausted<T>(&self, cpu: CpuId, what: String) -> T {
+        {
+            let mut w = self.w();
+            let at = w.now();
+            w.liveness.get_or_insert(Liveness {
+                cpu,
+                waiting_for: what,
+                since: at,
+                at,
+            });
+            w.stop = true;
+        }
+        std::future::pending::<T>().await
+    }
+
+    /// A free physical frame, or the run ends (see [`Sim::exhausted`]).
+    pub async fn alloc_data_or_stop(&self, cpu: CpuId) -> Pfn {
+        let got = self.w().mem.alloc_data();
+        match got {
+            Ok(pfn) => pfn,
+            Err(e) => self.exhausted(cpu, out_of_frames(e.frames)).await,
+        }
+    }
+
     async fn sleep_for(&self, cpu: CpuId, c: Cycles) {
         let at = self.now() + c;
         self.sleep_until(cpu, at).await;

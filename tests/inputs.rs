@@ -1,0 +1,453 @@
+//! Issue 24's commands that work (the corpus in tests/bad-inputs/ holds the
+//! ones that must fail): every trace format read, an in-place convert,
+//! Ctrl-C keeping what ran, a memory that runs out named, list's width and
+//! JSON, completions, quiet, and the budget's estimates against real runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn mmulab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mmulab-inputs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const LOG: &str = "crates/trace/tests/fixtures/fork-child.lackey.log";
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(LOG)
+}
+
+/// `trace sim --json` on a path: (refs, misses).
+fn sim(path: &Path, page_size: &str) -> (u64, u64) {
+    let o = mmulab(&[
+        "trace",
+        "sim",
+        path.to_str().unwrap(),
+        "--page-size",
+        page_size,
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}: {}", path.display(), stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    (r["refs"].as_u64().unwrap(), r["misses"].as_u64().unwrap())
+}
+
+/// A gzip- or zstd-compressed log reads as the plain one does (told by
+/// content: the names carry no suffix).
+#[test]
+fn compressed_logs_read_like_the_plain_one() {
+    let d = tmp("compressed");
+    let plain = sim(&fixture(), "4096");
+    let text = std::fs::read(fixture()).unwrap();
+    let gz = d.join("log-a");
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut e, &text).unwrap();
+    std::fs::write(&gz, e.finish().unwrap()).unwrap();
+    assert_eq!(sim(&gz, "4096"), plain);
+    // Two gzip members one after the other are one stream.
+    let half = text.len() / 2;
+    let cut = text[..half].iter().rposition(|&b| b == b'\n').unwrap() + 1;
+    let mut two = Vec::new();
+    for part in [&text[..cut], &text[cut..]] {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut e, part).unwrap();
+        two.extend(e.finish().unwrap());
+    }
+    let gz2 = d.join("log-b");
+    std::fs::write(&gz2, two).unwrap();
+    assert_eq!(sim(&gz2, "4096"), plain);
+    // zstd, made by the zstd tool when the machine has it.
+    let zst = d.join("log-c");
+    let made = Command::new("zstd")
+        .args([
+            "-q",
+            "-f",
+            "-o",
+            zst.to_str().unwrap(),
+            fixture().to_str().unwrap(),
+        ])
+        .status();
+    if made.is_ok_and(|s| s.success()) {
+        assert_eq!(sim(&zst, "4096"), plain);
+    } else {
+        eprintln!("zstd not installed: the zstd read is covered by the fuzz tests only");
+    }
+}
+
+/// din and xdin, as `trace export` writes them, read back with the same
+/// misses at the page size they were split at.
+#[test]
+fn exported_din_and_xdin_read_back() {
+    let d = tmp("dinero");
+    let plain = sim(&fixture(), "4096");
+    for format in ["din", "xdin"] {
+        let out = d.join(format!("trace.{format}"));
+        let o = mmulab(&[
+            "trace",
+            "export",
+            LOG,
+            "--format",
+            format,
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let (refs, misses) = sim(&out, "4096");
+        // An `M` is exported as a read and a write, each piece a line: the
+        // same references, and so the same misses.
+        assert_eq!(misses, plain.1, "{format}");
+        assert_eq!(refs, plain.0, "{format}");
+    }
+}
+
+/// issue 24: `trace convert X -o X` truncated its input before reading it
+/// and wrote an empty trace with exit 0.
+#[test]
+fn convert_in_place_keeps_every_reference() {
+    let d = tmp("inplace");
+    let x = d.join("x.log");
+    std::fs::copy(fixture(), &x).unwrap();
+    let before = sim(&x, "4096");
+    let o = mmulab(&[
+        "trace",
+        "convert",
+        x.to_str().unwrap(),
+        "-o",
+        x.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(&x).unwrap().starts_with(b"MMUTRACE"));
+    assert_eq!(sim(&x, "4096"), before);
+    // Nothing else is left in the folder (the staged file was renamed).
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+}
+
+/// A lenient read names how many lines it skipped and the first one.
+#[test]
+fn lenient_reads_say_what_they_skipped() {
+    let d = tmp("lenient");
+    let p = d.join("t.log");
+    std::fs::write(&p, " L 1000,4\n Q junk\n S 2000,8\n L 3000,0\n").unwrap();
+    let o = mmulab(&["trace", "sim", p.to_str().unwrap(), "--lenient", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("skipped 2 malformed lines") && e.contains("t.log:2:"),
+        "{e}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["refs"], 2);
+}
+
+/// Sends SIGINT to a child and waits for it (bounded).
+fn interrupt_after(
+    mut child: std::process::Child,
+    after: Duration,
+) -> (Option<i32>, String, String) {
+    std::thread::sleep(after);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no stop 30 s after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    (o.status.code(), stdout(&o), stderr(&o))
+}
+
+fn spawn(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Ctrl-C stops a long run cleanly: exit 130, the runs done written and
+/// marked `interrupted`; a single long seed stops inside the simulation.
+#[test]
+fn ctrl_c_stops_a_run_and_keeps_what_ran() {
+    let d = tmp("ctrlc");
+    let out = d.join("many");
+    let child = spawn(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "runs=1000000",
+        "--max-work",
+        "1e15",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (code, text, err) = interrupt_after(child, Duration::from_millis(1500));
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("stopped by Ctrl-C"), "{err}");
+    assert!(text.contains("run(s)"), "the summary of what ran: {text}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(r["interrupted"], true);
+    let runs = r["runs"].as_u64().unwrap();
+    assert!((1..1_000_000).contains(&runs), "{runs}");
+
+    // One seed of about 10 minutes: stopped from inside the event loop.
+    let one = d.join("one");
+    let child = spawn(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "workload={kind=\"bench\", refs_per_thread=1000000000}",
+        "--set",
+        "preset=\"generic\"",
+        "--out",
+        one.to_str().unwrap(),
+    ]);
+    let t0 = Instant::now();
+    let (code, _, err) = interrupt_after(child, Duration::from_millis(1500));
+    assert_eq!(code, Some(130), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(one.join("results.json")).unwrap()).unwrap();
+    assert_eq!(r["interrupted"], true);
+    assert!(r["counters"]["refs"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn ctrl_c_stops_a_check_sweep_with_the_seeds_done() {
+    let child = spawn(&[
+        "check",
+        "--protocol",
+        "mach",
+        "--seeds",
+        "1000000",
+        "--json",
+    ]);
+    let (code, text, err) = interrupt_after(child, Duration::from_millis(1500));
+    assert_eq!(code, Some(130), "{err}");
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["interrupted"], true);
+    assert_eq!(r["violations"], 0);
+    assert!(r["seeds"].as_u64().unwrap() < 1_000_000);
+}
+
+/// A simulated memory that runs out stops the run with a named failure
+/// (it panicked at vm.rs:429), and the verdict is negative: exit 1.
+#[test]
+fn memory_running_out_is_a_named_failure_not_a_panic() {
+    let o = mmulab(&[
+        "run",
+        "experiments/tester.toml",
+        "--set",
+        "workload={kind=\"random\", steps=3000}",
+        "--set",
+        "preset=\"generic\"",
+        "--set",
+        "machine.cpus=4",
+        "--set",
+        "machine.memory_mb=2",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let why = r["liveness"][0]["waiting_for"].as_str().unwrap();
+    assert!(
+        why.contains("simulated memory is exhausted") && why.contains("machine.memory_mb"),
+        "{why}"
+    );
+}
+
+/// `list` fits 100 columns off a terminal (its lines were 378 long) and
+/// has a JSON form.
+#[test]
+fn list_wraps_to_100_columns_and_has_json() {
+    let o = mmulab(&["list"]);
+    assert!(o.status.success());
+    let text = stdout(&o);
+    let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest <= 100, "a line of {widest} characters");
+    for name in ["encore-multimax-1989", "mach", "none", "tester", "random"] {
+        assert!(text.contains(name), "{name}");
+    }
+    let o = mmulab(&["list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["presets"].as_array().unwrap().len() >= 4);
+    assert!(
+        v["protocols"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "none" && p["negative_control"] == true)
+    );
+    assert!(
+        v["workloads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["name"] == "tester")
+    );
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = mmulab(&["completions", shell]);
+        assert!(o.status.success(), "{shell}");
+        let s = stdout(&o);
+        assert!(s.contains("mmulab") && s.contains("reproduce"), "{shell}");
+    }
+}
+
+/// `--help` lists the choices of a closed set.
+#[test]
+fn help_lists_the_choices() {
+    let o = mmulab(&["trace", "sim", "--help"]);
+    let s = stdout(&o);
+    assert!(
+        s.contains("lru") && s.contains("fifo") && s.contains("random"),
+        "{s}"
+    );
+    let o = mmulab(&["check", "--help"]);
+    assert!(stdout(&o).contains("mach-no-wait"));
+}
+
+/// `--json` prints the reports on stdout and nothing else; `-q` silences
+/// the progress lines stderr carries off a terminal.
+#[test]
+fn reproduce_json_and_quiet() {
+    let o = mmulab(&["reproduce", "black89", "--quick", "--json", "-q"]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(r["paper"], "black89");
+    assert!(r["rows"].as_array().unwrap().len() > 5);
+    assert!(stderr(&o).is_empty(), "quiet: {}", stderr(&o));
+    // Without -q, off a terminal, each step is a line.
+    let o = mmulab(&["reproduce", "black89", "--quick"]);
+    assert!(stderr(&o).lines().any(|l| l.starts_with("black89: ")));
+}
+
+/// Runs mmulab and returns its output and its own peak RSS in KiB
+/// (wait4's rusage of that child alone: other tests run children too).
+/// The child is reaped by wait4 itself.
+#[allow(clippy::zombie_processes)]
+fn run_measured(args: &[&str]) -> (Option<i32>, String, i64) {
+    use std::io::Read;
+    let mut child = spawn(args);
+    let mut err = child.stderr.take().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let o = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+    });
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for this child,
+    // which is not waited for anywhere else.
+    let mut usage: nix::libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { nix::libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    o.join().unwrap();
+    let code = nix::libc::WIFEXITED(status).then(|| nix::libc::WEXITSTATUS(status));
+    (code, e.join().unwrap(), usage.ru_maxrss)
+}
+
+/// The estimate a run is refused with, in MiB.
+fn estimate_mib(args: &[&str]) -> f64 {
+    let mut probe = args.to_vec();
+    probe.extend(["--max-memory", "1K"]);
+    let o = mmulab(&probe);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    let mut it = e
+        .split("needs about ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{e}"))
+        .split(' ');
+    let n: f64 = it.next().unwrap().parse().unwrap();
+    match it.next().unwrap() {
+        "GiB" => n * 1024.0,
+        "TiB" => n * 1024.0 * 1024.0,
+        _ => n,
+    }
+}
+
+/// The budget's estimate covers what real runs take: the peak RSS of a
+/// run whose memory is mostly its workload's pages (bench, 64 MiB of
+/// private pages) and of one that is mostly TLBs (2^20 entries on 4 CPUs)
+/// is below the estimate, and not far below it (within 4x).
+#[test]
+fn budget_estimates_cover_measured_peaks() {
+    for (sets, label) in [
+        (
+            vec![
+                "workload={kind=\"bench\", threads=4, private_pages=16384, refs_per_thread=40000, stride_bytes=4096}",
+                "preset=\"generic\"",
+                "machine.memory_mb=1024",
+            ],
+            "pages",
+        ),
+        (
+            vec![
+                "preset=\"generic\"",
+                "machine.cpus=4",
+                "workload.children=2",
+                "machine.tlb.entries=1048576",
+                "machine.tlb.ways=1048576",
+                "workload.warmup_cycles=2000",
+            ],
+            "tlb",
+        ),
+    ] {
+        let mut args = vec!["run", "experiments/tester.toml"];
+        for s in &sets {
+            args.push("--set");
+            args.push(s);
+        }
+        let est = estimate_mib(&args);
+        let (code, err, rss_kb) = run_measured(&args);
+        assert!(matches!(code, Some(0 | 1)), "{label}: {err}");
+        let peak = rss_kb as f64 / 1024.0;
+        eprintln!("{label}: estimate {est:.0} MiB, peak RSS {peak:.0} MiB");
+        assert!(
+            peak <= est,
+            "{label}: peak {peak:.0} MiB above the estimate {est:.0} MiB"
+        );
+        assert!(
+            est <= 4.0 * peak,
+            "{label}: estimate {est:.0} MiB, peak {peak:.0} MiB"
+        );
+    }
+}
