@@ -291,14 +291,17 @@ enum DsmCommand {
     /// Write a new cluster key (256 random bits, mode 0600) for
     /// cluster.toml's `key_file`; never overwrites a file.
     Keygen {
+        /// The key file to create (refused if it exists).
         #[arg(short = 'o', long = "out", value_name = "FILE")]
         out: PathBuf,
     },
     /// A TCP proxy that injects faults between sites (delay, loss, cuts),
     /// for testing a cluster under a bad network.
     Proxy {
+        /// The address the proxy listens on (what a site dials instead).
         #[arg(long, value_name = "ADDR")]
         listen: std::net::SocketAddr,
+        /// The site every accepted connection is forwarded to.
         #[arg(long, value_name = "ADDR")]
         to: std::net::SocketAddr,
         /// Delay each chunk by this many milliseconds.
