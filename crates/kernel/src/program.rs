@@ -187,6 +187,18 @@ pub struct ThreadCtx<'a> {
 
 pub trait Program {
     fn next(&mut self, ctx: &mut ThreadCtx<'_>) -> Op;
+
+    /// True when this program's `Compute` operations run in one stretch
+    /// rather than quantum by quantum: the CPU runs ahead to the end of
+    /// the computation in one slice, and an interrupt that arrives before
+    /// then is taken at its arrival (the computation's rest resumes after
+    /// it). Long computations then cost one event instead of one per
+    /// quantum, and their interrupts no latency from slicing. A
+    /// computation touches no memory, so running ahead changes nothing
+    /// else. Default: false (the quantum slices every computation).
+    fn long_computes(&self) -> bool {
+        false
+    }
 }
 
 /// A program from a closure, for tests and small workloads.

@@ -50,6 +50,12 @@ pub struct Thread {
     pub batch: Option<crate::program::Batch>,
     /// Cycles of a `Compute` op still to run.
     pub compute_left: u64,
+    /// Where the computation this thread's last slice ran in one stretch
+    /// began (`Program::long_computes`): an interrupt arriving after it,
+    /// but before the CPU's clock, rewinds the clock to its arrival and
+    /// gives the rest back to `compute_left`. None once the slice after
+    /// it starts.
+    pub compute_stretch_from: Option<Cycles>,
     pub last_load: u64,
     pub ret: u64,
     pub fault: Option<u64>,
@@ -220,6 +226,7 @@ impl Sim {
                 program: Some(program),
                 batch: None,
                 compute_left: 0,
+                compute_stretch_from: None,
                 last_load: 0,
                 ret: 0,
                 fault: None,

@@ -26,6 +26,24 @@
 //! cost. A victim leaves the list when its clear performs. On flat memory
 //! the list is free (the preset's step costs only).
 //!
+//! On such a machine the rest of the shootdown's kernel memory goes
+//! through the caches too, so that its misses and the lines it evicts
+//! (cache pollution) emerge rather than being step costs. The victim's
+//! interrupt reads its IDT and GDT entries, saves its state on its
+//! interrupt stack (the hardware frame and `SAVE_ALL`: two lines), reads
+//! its `cpu_tlbstate`, and restores its state from the stack on the way
+//! out; it fetches the code of the interrupt stub, `SAVE_ALL`,
+//! `smp_invalidate_interrupt` and `ret_from_intr` ([`VICTIM_TEXT`] lines
+//! of kernel text through its L1I). The initiator reads the mm's
+//! `cpu_vm_mask` and fetches `flush_tlb_mm`, `flush_tlb_others` and the
+//! IPI send ([`INITIATOR_TEXT`] lines). Kernel text and data sit in
+//! 2.6.15's global large-page mapping of low memory, which a CR3 reload
+//! keeps, so they cost no walks (the preset's 2/4 MB TLBs are not
+//! modelled). The instructions themselves are the preset's step costs
+//! (`ipi_send_cycles` per ICR write, `ipi_dispatch_cycles` and
+//! `ipi_return_cycles` around the handler), one cycle each on the
+//! paper's in-order Simics cores.
+//!
 //! `mmap_sem` is a reader/writer semaphore whose waiters sleep (the
 //! kernel's reader/writer VM locks, `rw_vm_locks`). A CPU that runs the
 //! idle task (its thread sleeps on a lock, or it has none) is in lazy TLB
@@ -42,12 +60,42 @@ use mmulab_engine::Cycles;
 use mmulab_kernel::pmap::{CpuSet, KERNEL_PMAP};
 use mmulab_kernel::{Irq, KFuture, PmapId, Protocol, Sim, Update};
 use mmulab_machine::{CpuId, Vpn};
-use mmulab_memsys::AccessKind::{self, Load, Store};
+use mmulab_memsys::AccessKind::{self, IFetch, Load, Store};
 
 /// Offsets in the shootdown line: `flush_cpumask`, `flush_mm`, `flush_va`.
 const MASK: u64 = 0;
 const MM: u64 = 8;
 const VA: u64 = 16;
+
+const LINE: u64 = 64;
+/// Lines of kernel text a victim fetches: the interrupt stub with
+/// `SAVE_ALL` (1), `smp_invalidate_interrupt` with its inlined
+/// `leave_mm`, `ack_APIC_irq` and `cpu_clear` (3), `ret_from_intr` to
+/// `iret` (2). An assumption [A] from the size of 2.6.15's i386 code
+/// (about 350 bytes on that path).
+pub const VICTIM_TEXT: u64 = 6;
+/// Lines of kernel text the initiator fetches beyond munmap's own code:
+/// `flush_tlb_mm` (1), `flush_tlb_others` (2), `send_IPI_mask` (1). [A],
+/// as above.
+pub const INITIATOR_TEXT: u64 = 4;
+/// Per-CPU kernel lines: the interrupt stack's two lines of saved state,
+/// `cpu_tlbstate`, and the CPU's GDT entries.
+const PER_CPU_LINES: u64 = 4;
+
+/// Where the shootdown's kernel memory lives (physical addresses, on a
+/// machine with caches): after the victim list's line, in its frame, the
+/// code lines, the IDT's line and the mm's line; then [`PER_CPU_LINES`]
+/// lines per CPU.
+#[derive(Clone, Debug, Default)]
+struct Layout {
+    /// First line of kernel text (victim's code, then initiator's).
+    text: u64,
+    idt: u64,
+    /// The address space's `cpu_vm_mask` (read by the initiator).
+    mm: u64,
+    /// Each CPU's first per-CPU line.
+    per_cpu: Vec<u64>,
+}
 
 /// What the victims are asked to flush (`flush_mm`, `flush_va`).
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +114,8 @@ pub struct Linux {
     /// Physical address of the line holding `flush_cpumask`, `flush_mm`
     /// and `flush_va` (None on flat memory).
     line: Cell<Option<u64>>,
+    /// The rest of the shootdown's kernel memory (empty on flat memory).
+    layout: RefCell<Layout>,
     /// Negative control: a CPU in lazy TLB mode acknowledges without
     /// flushing or leaving the address space, so its thread wakes up
     /// with the translations the shootdown removed.
@@ -79,6 +129,7 @@ impl Linux {
             mask: RefCell::new(CpuSet::new(0)),
             request: Cell::new(None),
             line: Cell::new(None),
+            layout: RefCell::new(Layout::default()),
             lazy_skips_flush: false,
         }
     }
@@ -101,6 +152,68 @@ impl Linux {
         accesses.iter().fold(Cycles(0), |c, &(off, kind)| {
             c + w.mem_access(cpu, pa + off, kind)
         })
+    }
+
+    /// `cpu`'s accesses to kernel memory at physical addresses `pas`, in
+    /// order; returns their latency (none on flat memory).
+    fn touch(&self, sim: &Sim, cpu: CpuId, pas: &[(u64, AccessKind)]) -> Cycles {
+        if self.line.get().is_none() {
+            return Cycles(0);
+        }
+        let mut w = sim.w();
+        pas.iter()
+            .fold(Cycles(0), |c, &(pa, kind)| c + w.mem_access(cpu, pa, kind))
+    }
+
+    /// The victim's interrupt entry: IDT and GDT reads, the state save on
+    /// its interrupt stack, the stub's and handler's code, its
+    /// `cpu_tlbstate`.
+    fn victim_entry(&self, sim: &Sim, cpu: CpuId) -> Cycles {
+        let l = self.layout.borrow();
+        let Some(&pc) = l.per_cpu.get(cpu.index()) else {
+            return Cycles(0);
+        };
+        let mut v = vec![
+            (l.idt, Load),
+            (pc + 3 * LINE, Load),
+            (pc, Store),
+            (pc + LINE, Store),
+        ];
+        v.extend((0..4).map(|i| (l.text + i * LINE, IFetch)));
+        v.push((pc + 2 * LINE, Load));
+        drop(l);
+        self.touch(sim, cpu, &v)
+    }
+
+    /// The victim's way out: `ret_from_intr`'s code and the state restored
+    /// from the stack.
+    fn victim_exit(&self, sim: &Sim, cpu: CpuId) -> Cycles {
+        let l = self.layout.borrow();
+        let Some(&pc) = l.per_cpu.get(cpu.index()) else {
+            return Cycles(0);
+        };
+        let v = [
+            (l.text + 4 * LINE, IFetch),
+            (l.text + 5 * LINE, IFetch),
+            (pc, Load),
+            (pc + LINE, Load),
+        ];
+        drop(l);
+        self.touch(sim, cpu, &v)
+    }
+
+    /// The initiator's code beyond munmap's and its read of `cpu_vm_mask`.
+    fn initiator_code(&self, sim: &Sim, cpu: CpuId) -> Cycles {
+        let l = self.layout.borrow();
+        if l.per_cpu.is_empty() {
+            return Cycles(0);
+        }
+        let mut v: Vec<(u64, AccessKind)> = (0..INITIATOR_TEXT)
+            .map(|i| (l.text + (VICTIM_TEXT + i) * LINE, IFetch))
+            .collect();
+        v.push((l.mm, Load));
+        drop(l);
+        self.touch(sim, cpu, &v)
     }
 
     /// Flushes `cpu`'s TLB as the request says; returns the cost.
@@ -151,6 +264,31 @@ impl Protocol for Linux {
         *self.mask.borrow_mut() = CpuSet::new(sim.w().cpus.len());
         let line = sim.w().alloc_kernel_data();
         self.line.set(line);
+        if let Some(list) = line {
+            // In the list's frame: the code, the IDT's line, the mm's line.
+            let text = list + LINE;
+            let idt = text + (VICTIM_TEXT + INITIATOR_TEXT) * LINE;
+            let mm = idt + LINE;
+            let cpus = sim.w().cpus.len();
+            let per_frame = (mmulab_kernel::sim::PAGE_SIZE / (PER_CPU_LINES * LINE)) as usize;
+            let mut per_cpu = Vec::with_capacity(cpus);
+            let mut frame = 0;
+            for i in 0..cpus {
+                if i % per_frame == 0 {
+                    frame = sim
+                        .w()
+                        .alloc_kernel_data()
+                        .expect("a machine with caches has kernel data frames");
+                }
+                per_cpu.push(frame + ((i % per_frame) as u64) * PER_CPU_LINES * LINE);
+            }
+            *self.layout.borrow_mut() = Layout {
+                text,
+                idt,
+                mm,
+                per_cpu,
+            };
+        }
     }
 
     fn update<'a>(&'a self, sim: &'a Sim, me: CpuId, u: Update) -> KFuture<'a> {
@@ -180,6 +318,8 @@ impl Protocol for Linux {
                 sim.delay(me, f).await;
             }
             if !victims.is_empty() && edit.changed > 0 {
+                let c = self.initiator_code(sim, me);
+                sim.delay(me, c).await;
                 let lock = self.lock.get().expect("initialised");
                 sim.lock(me, lock).await;
                 // flush_mm = mm; flush_va = va; atomic_set_mask(cpumask,
@@ -223,6 +363,19 @@ impl Protocol for Linux {
     fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
         Box::pin(async move {
             let start = sim.now();
+            let c = self.victim_entry(sim, me);
+            sim.delay(me, c).await;
+            self.handle(sim, me, start).await;
+            let c = self.victim_exit(sim, me);
+            sim.delay(me, c).await;
+        })
+    }
+}
+
+impl Linux {
+    /// `smp_invalidate_interrupt` itself, between the entry and the exit.
+    async fn handle(&self, sim: &Sim, me: CpuId, start: Cycles) {
+        {
             // cpu_isset(cpu, flush_cpumask), then flush_mm and flush_va
             let c = self.touch_line(sim, me, &[(MASK, Load), (MM, Load), (VA, Load)]);
             sim.delay(me, c).await;
@@ -267,6 +420,6 @@ impl Protocol for Linux {
                 "shootdown.user.responder_cycles",
                 (sim.now() - start).0 as f64,
             );
-        })
+        }
     }
 }

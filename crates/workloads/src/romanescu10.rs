@@ -12,9 +12,20 @@
 //!   The paper leaves single_*'s other cores unstated. Here they run
 //!   compute-bound worker threads of the same process (a stand-in for the
 //!   rest of the application), so they use the address space and are the
-//!   baseline's shootdown victims; each touches a private 16-page buffer
-//!   between 10,000-cycle computations. The file is faulted in (mapped)
-//!   before the measured phase, as a file in the page cache would be.
+//!   baseline's shootdown victims; each touches one line of every page of
+//!   a private 16-page buffer between computations of
+//!   `worker_compute_cycles`. The file is faulted in (mapped) before the
+//!   measured phase, as a file in the page cache would be.
+//!
+//!   Each parser's working set besides the file (what a full TLB flush
+//!   makes it walk again, romanescu10 §3 and Fig. 9): the code page of its
+//!   loop (the task's text, fetched through the I-TLB at every operation),
+//!   `private_pages` pages of stack, globals and C-library data, and its
+//!   table of `table_pages` pages, each stored to once per page parsed.
+//!   The parse's own work, `parse_compute_cycles_per_line` per line, runs
+//!   as one computation per page (`Program::long_computes`: an interrupt
+//!   is taken at its arrival, and a run of billions of cycles costs one
+//!   event per page rather than one per quantum).
 //!
 //! * `unitd-app` — labelled stand-ins for swaptions (PARSEC), pca,
 //!   string_match and a small-input wordcount (Phoenix): compute-heavy
@@ -55,19 +66,28 @@ pub struct MicroSpec {
     /// shootdown count (§6.2's parameter, 0 to 12,000).
     #[serde(default)]
     pub shootdowns: u64,
-    /// Cycles a single_* worker computes between touches of its buffer.
+    /// Cycles a single_* worker computes between passes over its buffer.
+    /// The workers are victims only: the parser's runtime does not depend
+    /// on this, which sets how many references the simulator runs for
+    /// them.
     #[serde(default = "MicroSpec::default_worker_compute")]
     pub worker_compute_cycles: u64,
     /// Cycles of parsing work per cache line read (beyond the load).
     #[serde(default = "MicroSpec::default_parse_compute")]
     pub parse_compute_cycles_per_line: u64,
-    /// Pages of each parser's own working set besides the file (the map
-    /// phase's table of word counts, with its stack and globals), stored
+    /// Pages of each parser's table (the map phase's word counts), stored
     /// to once per page parsed. A full TLB flush makes the parser walk
     /// them all again (romanescu10 Fig. 9's explanation). The paper gives
-    /// no size: 8 pages is an assumption; 0 leaves the file alone.
+    /// no size; 0 leaves them out.
     #[serde(default = "MicroSpec::default_table_pages")]
     pub table_pages: u64,
+    /// Pages of each parser's stack, globals and C-library data, touched
+    /// (one store each) once per page parsed beside the table: the rest
+    /// of the working set a flushed TLB refills. The paper gives no size:
+    /// 3 is an assumption (one page each of stack, program data and
+    /// libc's data such as its character-class table).
+    #[serde(default = "MicroSpec::default_private_pages")]
+    pub private_pages: u64,
 }
 
 impl MicroSpec {
@@ -75,13 +95,16 @@ impl MicroSpec {
         12_800
     }
     fn default_worker_compute() -> u64 {
-        10_000
+        1_000_000
     }
     fn default_parse_compute() -> u64 {
         0
     }
     fn default_table_pages() -> u64 {
         8
+    }
+    fn default_private_pages() -> u64 {
+        3
     }
     pub fn validate(&self, cpus: usize) -> Result<(), String> {
         if self.file_pages == 0 {
@@ -241,6 +264,12 @@ struct Parser {
 }
 
 impl Parser {
+    /// Pages of this parser's own working set besides the file: its
+    /// table, then its stack, globals and libc data.
+    fn own_pages(&self) -> u64 {
+        self.spec.table_pages + self.spec.private_pages
+    }
+
     fn slice(&self) -> (u64, u64) {
         let n = self.parsers as u64;
         let per = self.spec.file_pages / n;
@@ -305,6 +334,11 @@ impl Parser {
 }
 
 impl Program for Parser {
+    /// A page's parse is one computation of ~10^5 cycles or more.
+    fn long_computes(&self) -> bool {
+        true
+    }
+
     fn next(&mut self, ctx: &mut ThreadCtx<'_>) -> Op {
         if ctx.fault.is_some() {
             self.shared.borrow_mut().faults += 1;
@@ -319,7 +353,7 @@ impl Program for Parser {
                     // at first use, after any fork, so that no COW break
                     // of theirs adds a shootdown.
                     0 => Op::Syscall(Syscall::Mmap {
-                        pages: pages + (16 + self.spec.table_pages) * self.cpus as u64,
+                        pages: pages + (16 + self.own_pages()) * self.cpus as u64,
                         prot: Prot::ReadWrite,
                     }),
                     // Fault the file in: one store per page (the page
@@ -367,10 +401,11 @@ impl Program for Parser {
                 Op::Compute(self.spec.parse_compute_cycles_per_line * (PAGE / LINE))
             }
             Phase::Parse | Phase::Operate if self.table_due => {
-                // One store into every page of the table, at a line that
-                // moves with the page parsed.
+                // One store into every page of the table and of the
+                // stack, globals and libc data, at a line that moves with
+                // the page parsed.
                 self.table_due = false;
-                let n = self.spec.table_pages;
+                let n = self.own_pages();
                 let table = self.shared.borrow().file
                     + (pages + 16 * self.cpus as u64 + self.index as u64 * n) * PAGE;
                 Op::Refs(Refs {
@@ -406,7 +441,7 @@ impl Program for Parser {
                 let va =
                     file + (start + self.page - u64::from(self.phase != Phase::Operate)) * PAGE;
                 self.compute_due = self.spec.parse_compute_cycles_per_line > 0;
-                self.table_due = self.spec.table_pages > 0;
+                self.table_due = self.own_pages() > 0;
                 Op::Refs(Refs {
                     base: va,
                     start: 0,
@@ -443,6 +478,10 @@ struct Worker {
 }
 
 impl Program for Worker {
+    fn long_computes(&self) -> bool {
+        true
+    }
+
     fn next(&mut self, _ctx: &mut ThreadCtx<'_>) -> Op {
         let s = self.shared.borrow();
         if s.parse_end > 0 {
@@ -460,12 +499,13 @@ impl Program for Worker {
         if self.step % 2 == 1 {
             Op::Compute(self.compute)
         } else {
+            // One line of each of the 16 pages, a line further each pass.
             Op::Refs(Refs {
                 base: self.buffer,
-                start: (self.step / 2 % 16) * PAGE,
-                stride: LINE,
+                start: (self.step / 2 % (PAGE / LINE)) * LINE,
+                stride: PAGE,
                 count: 16,
-                wrap: 16 * PAGE,
+                wrap: 0,
                 kind: RefKind::Store(self.index),
             })
         }

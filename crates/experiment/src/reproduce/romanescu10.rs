@@ -2,12 +2,15 @@
 //! `x86-simics-2010` preset. Every point runs `linux`, `unitd` and `ideal`
 //! on the same seeds (each seed perturbs the memory latency, §6.1);
 //! speedup = T_linux / T_unitd − 1 per seed, then the mean and its 95%
-//! confidence interval. "≈" means the intervals overlap. The preset holds
+//! confidence interval. "unitd ≈ ideal" is an equivalence margin: the
+//! means differ by at most [`APPROX_PP`] speedup points. The preset holds
 //! component costs only (its `[calibration]` is empty); every speedup
-//! emerges. One workload input was sized to a paper artefact: each
-//! parser's table (`workload.table_pages`, Fig. 9), which
-//! `fig7-single-unmap.toml` names in `[paper.calibration]`, so Fig. 9's
-//! row is calibrated. §6.5's tag widths are the paper's own arithmetic.
+//! emerges. Two workload inputs were sized to paper artefacts, and the
+//! specs name them in `[paper.calibration]`: each parser's table
+//! (`workload.table_pages`, Fig. 9) and the parse's cost per line
+//! (`workload.parse_compute_cycles_per_line`, §6.2's runtime), so Fig.
+//! 9's and §6.2's rows are calibrated. §6.5's tag widths are the paper's
+//! own arithmetic.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -74,20 +77,16 @@ impl Est {
     fn half(&self) -> f64 {
         (self.hi - self.lo) / 2.0
     }
-    /// "≈": the confidence intervals overlap.
-    fn overlaps(&self, o: &Est) -> bool {
-        self.lo <= o.hi && o.lo <= self.hi
-    }
 }
 
-fn approx_ideal_note(ok: usize, n: usize, gap: f64) -> String {
-    let mut note = format!("unitd ≈ ideal (CIs overlap) at {ok} of {n} points");
-    if ok < n {
-        note.push_str(&format!(
-            "; elsewhere apart by at most {gap:.4} speedup points (CIs near zero)"
-        ));
-    }
-    note
+/// "UNITD performs as well as the system with ideal invalidations": the
+/// two mean speedups differ by at most this many percentage points.
+const APPROX_PP: f64 = 0.5;
+
+fn approx_ideal_note(ok: usize, n: usize, gap: f64, top: f64) -> String {
+    format!(
+        "|unitd − ideal| ≤ {APPROX_PP} speedup points at {ok} of {n} points; widest gap {gap:.4} points (value), against a largest unitd speedup of {top:.2}%"
+    )
 }
 
 /// The mesh (columns, rows) for a core count: the smallest near-square.
@@ -272,23 +271,26 @@ impl Grid {
         let i = self.index(cores, shootdowns).expect("configured");
         &self.map[&(i, p.to_string())]
     }
-    /// At how many of the points unitd ≈ ideal, of how many, and the
-    /// widest gap (speedup points) where they differ.
-    fn unitd_matches_ideal(&self) -> (usize, usize, f64) {
+    /// At how many of the points unitd ≈ ideal (means within
+    /// [`APPROX_PP`]), of how many, the widest gap (speedup points) and
+    /// the largest unitd speedup.
+    fn unitd_matches_ideal(&self) -> (usize, usize, f64, f64) {
         let mut ok = 0;
         let mut gap: f64 = 0.0;
+        let mut top: f64 = 0.0;
         for i in 0..self.configs.len() {
             let (u, i) = (
                 speedup(&self.map, i, "unitd"),
                 speedup(&self.map, i, "ideal"),
             );
-            if u.overlaps(&i) {
+            let d = (u.mean - i.mean).abs();
+            if d <= APPROX_PP {
                 ok += 1;
-            } else {
-                gap = gap.max((u.mean - i.mean).abs());
             }
+            gap = gap.max(d);
+            top = top.max(u.mean);
         }
-        (ok, self.configs.len(), gap)
+        (ok, self.configs.len(), gap, top)
     }
     /// unitd's and ideal's speedups per core count, with their CIs, and
     /// the paper's published points `(cores, shootdowns, speedup)`.
@@ -329,6 +331,17 @@ impl Grid {
     }
 }
 
+/// A row of an artefact that fitted inputs were sized to is calibrated
+/// (naming them); otherwise emergent.
+fn calibrated_or_emergent(row: ReproRow, fitted: &[String]) -> ReproRow {
+    if fitted.is_empty() {
+        row.emergent()
+    } else {
+        let keys: Vec<&str> = fitted.iter().map(String::as_str).collect();
+        row.calibrated(&keys)
+    }
+}
+
 /// A cores × shootdowns condition pair.
 fn at_point(row: ReproRow, cores: u64, shootdowns: u64) -> ReproRow {
     row.at("shootdowns", shootdowns).at("cores", cores)
@@ -359,23 +372,29 @@ pub fn reproduce(
     }
     let svg = |name: &str| out.map(|d| d.join(name));
 
+    let fig7 = PaperSpec::load(src, "romanescu10/fig7-single-unmap.toml")?;
+    let fig8 = PaperSpec::load(src, "romanescu10/fig8-multiple-unmap.toml")?;
+    let cow1 = PaperSpec::load(src, "romanescu10/single-cow.toml")?;
+    let cow2 = PaperSpec::load(src, "romanescu10/multiple-cow.toml")?;
+    // Workload inputs sized to a paper artefact (not the preset's): each
+    // spec names them in `[paper.calibration]`.
+    for ps in [&fig7, &fig8, &cow1, &cow2] {
+        table.calibration.extend(ps.calibration()?);
+    }
+    // The fitted inputs behind an artefact's rows.
+    let fitted = |artefact: &str| -> Vec<String> {
+        table
+            .calibration
+            .iter()
+            .filter(|(_, a)| *a == artefact)
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    let (fitted9, fitted62) = (fitted("Fig. 9"), fitted("§6.2"));
+
     // ---- Fig. 7: single_unmap, directory ------------------------------
     progress("Fig. 7: single_unmap, directory (linux, unitd, ideal)");
-    let fig7 = PaperSpec::load(src, "romanescu10/fig7-single-unmap.toml")?;
     table.seeds(fig7.spec(&[])?.seed, runs);
-    // Workload inputs sized to a paper artefact (not the preset's): the
-    // spec names them in `[paper.calibration]`.
-    if let Some(toml::Value::Table(t)) = fig7.paper.get("calibration") {
-        for (k, v) in t {
-            let artefact = v.as_str().ok_or_else(|| {
-                SpecError::Invalid(format!(
-                    "{}: paper.calibration.{k}: expected an artefact name",
-                    fig7.origin
-                ))
-            })?;
-            table.calibration.insert(k.clone(), artefact.to_string());
-        }
-    }
     let g7 = Grid::run(&fig7, cores, counts, false, runs)?;
     let stated: [(u64, u64, &str, f64); 4] = [
         (2, 4000, "speedup_pct_4000_2", 50.0),
@@ -442,6 +461,79 @@ pub fn reproduce(
             );
         }
     }
+    // What a model with a fixed cost per shootdown can reach: the ratio
+    // of the 16-core speedup to the 2-core one at one count. With the
+    // single parser's runtime the same on every core count, it is the
+    // ratio of the cycles one shootdown saves on 16 cores to those on 2,
+    // whatever the runtime and the count; the paper's points give 9/3 and
+    // 68/25, which agree within 10 %.
+    for n in [4000u64, 12000] {
+        let get = |c: u64| paper7.iter().find(|p| p.0 == c && p.1 == n).map(|p| p.2);
+        if let (Some(p2), Some(p16), Some(m2), Some(m16)) = (
+            get(2),
+            get(16),
+            g7.speedup(2, n, "unitd"),
+            g7.speedup(16, n, "unitd"),
+        ) {
+            let r = Est::of(
+                m2.samples
+                    .iter()
+                    .zip(&m16.samples)
+                    .map(|(a, b)| b / a.max(1e-9))
+                    .collect(),
+            );
+            table.push(
+                ReproRow::numeric(
+                    "Fig. 7",
+                    "speedup_16_over_2_cores",
+                    p16 / p2,
+                    r.mean,
+                    25.0,
+                )
+                .at("shootdowns", n)
+                .unit("ratio")
+                .ci(r.lo, r.hi)
+                .emergent()
+                .with_note(
+                    "paper value from its own points (s16/s2): one shootdown's saving on 16 cores over that on 2, whatever the runtime",
+                ),
+            );
+        }
+    }
+    // Per point: the cycles unitd saves per linux shootdown, against what
+    // the paper's speedup would need at mmulab's unitd runtime.
+    for &(c, n, p) in &paper7 {
+        if g7.index(c, n).is_none() {
+            continue;
+        }
+        let l = g7.samples(c, n, "linux");
+        let u = g7.samples(c, n, "unitd");
+        let per = Est::of(
+            l.iter()
+                .zip(u)
+                .map(|(l, u)| (l.runtime - u.runtime) / n as f64)
+                .collect(),
+        );
+        let ru = mean_of(u, |s| s.runtime);
+        table.push(
+            at_point(
+                ReproRow::plot_only(
+                    "Fig. 7",
+                    "saved_cycles_per_shootdown",
+                    Some(p / 100.0 * ru / n as f64),
+                    per.mean,
+                    &format!(
+                        "paper column: {p}% of mmulab's unitd runtime ({ru:.3e} cycles) over {n} shootdowns"
+                    ),
+                ),
+                c,
+                n,
+            )
+            .unit("cycles")
+            .ci(per.lo, per.hi)
+            .emergent(),
+        );
+    }
     for k in &g7.configs {
         if stated.iter().any(|s| s.0 == k.cores && s.1 == k.shootdowns) {
             continue; // judged above
@@ -465,14 +557,14 @@ pub fn reproduce(
             .emergent(),
         );
     }
-    let (ok, n, gap) = g7.unitd_matches_ideal();
+    let (ok, n, gap, most) = g7.unitd_matches_ideal();
     table.push(
         ReproRow::claim(
             "Fig. 7",
             "unitd_approx_ideal",
-            Some(ok as f64),
+            Some(gap),
             ok == n,
-            &approx_ideal_note(ok, n, gap),
+            &approx_ideal_note(ok, n, gap, most),
         )
         .unit("points")
         .emergent(),
@@ -481,7 +573,7 @@ pub fn reproduce(
     let rises_with_count = cores.iter().all(|&c| {
         counts
             .windows(2)
-            .all(|w| g7.at(c, w[1], "unitd").mean >= g7.at(c, w[0], "unitd").mean - 1.0)
+            .all(|w| g7.at(c, w[1], "unitd").mean > g7.at(c, w[0], "unitd").mean)
     });
     table.push(
         ReproRow::claim(
@@ -489,7 +581,7 @@ pub fn reproduce(
             "rises_with_shootdowns",
             None,
             rises_with_count,
-            "speedup rises with the shootdown count at every core count (1-point slack)",
+            "speedup rises with the shootdown count at every core count",
         )
         .emergent(),
     );
@@ -535,7 +627,7 @@ pub fn reproduce(
     let similar = snoop_cores.iter().all(|&c| {
         let s = gs.at(c, top, "unitd").mean;
         let d = g7.at(c, top, "unitd").mean;
-        s > 0.0 && (s - d).abs() <= 0.5 * d.abs().max(1.0)
+        s > 0.0 && (s - d).abs() <= 0.5 * d.abs()
     });
     let s16 = gs.at(16, top, "unitd");
     table.push(
@@ -580,12 +672,6 @@ pub fn reproduce(
             .map(|(a, b)| a / b.max(1.0))
             .collect(),
     );
-    let fitted9: Vec<&str> = table
-        .calibration
-        .iter()
-        .filter(|(_, a)| *a == "Fig. 9")
-        .map(|(k, _)| k.as_str())
-        .collect();
     let row9 = at_point(
         ReproRow::claim(
             "Fig. 9",
@@ -602,11 +688,33 @@ pub fn reproduce(
     )
     .unit("ratio")
     .ci(ratio.lo, ratio.hi);
-    table.push(if fitted9.is_empty() {
-        row9.emergent()
-    } else {
-        row9.calibrated(&fitted9)
-    });
+    table.push(calibrated_or_emergent(row9, &fitted9));
+    // The part of the saving beyond linux's shootdown cycles: the walks
+    // that refill the flushed TLBs afterwards (Fig. 9's explanation).
+    let refill = Est::of(
+        saved
+            .samples
+            .iter()
+            .zip(&shoot.samples)
+            .map(|(a, b)| (a - b) / top as f64)
+            .collect(),
+    );
+    table.push(calibrated_or_emergent(
+        at_point(
+            ReproRow::plot_only(
+                "Fig. 9",
+                "saved_beyond_shootdown_per_shootdown",
+                None,
+                refill.mean,
+                "(cycles saved − linux's initiator cycles in shootdowns) / shootdowns: mostly the parser's refill walks",
+            ),
+            c9,
+            top,
+        )
+        .unit("cycles")
+        .ci(refill.lo, refill.hi),
+        &fitted9,
+    ));
     if let Some(p) = svg("romanescu10-fig9.svg") {
         let mut plot = LinePlot::new(
             "romanescu10 Fig. 9: single_unmap, directory, 16 cores",
@@ -637,7 +745,6 @@ pub fn reproduce(
 
     // ---- Fig. 8: multiple_unmap, directory -----------------------------
     progress("Fig. 8: multiple_unmap, directory");
-    let fig8 = PaperSpec::load(src, "romanescu10/fig8-multiple-unmap.toml")?;
     let cores8: &[u64] = if quick { &[8, 16] } else { &[2, 4, 8, 16] };
     let counts8: &[u64] = if quick {
         &[0, 1000, 12000]
@@ -681,16 +788,32 @@ pub fn reproduce(
         .ci(m8.lo, m8.hi)
         .emergent(),
     );
-    let (ok8, n8, gap8) = g8.unitd_matches_ideal();
+    let (ok8, n8, gap8, most8) = g8.unitd_matches_ideal();
     table.push(
         ReproRow::claim(
             "Fig. 8",
             "unitd_approx_ideal",
-            Some(ok8 as f64),
+            Some(gap8),
             ok8 == n8,
-            &approx_ideal_note(ok8, n8, gap8),
+            &approx_ideal_note(ok8, n8, gap8, most8),
         )
         .unit("points")
+        .emergent(),
+    );
+    // "We observe small speedup/slowdowns for the executions with zero
+    // shootdowns" (the kernels differ).
+    let zero8: Vec<Est> = cores8.iter().map(|&c| g8.at(c, 0, "unitd")).collect();
+    let worst8 = zero8.iter().map(|e| e.mean.abs()).fold(0.0, f64::max);
+    table.push(
+        ReproRow::claim(
+            "Fig. 8",
+            "small_effect_without_shootdowns",
+            Some(worst8),
+            zero8.iter().all(|e| e.mean.abs() <= e.half().max(1.0)),
+            "small speedups or slowdowns at 0 shootdowns (|mean| within its CI or under 1%)",
+        )
+        .unit("%")
+        .at("shootdowns", 0)
         .emergent(),
     );
     for k in &g8.configs {
@@ -720,7 +843,7 @@ pub fn reproduce(
         .collect();
     let lo = per_thread.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = per_thread.iter().copied().fold(0.0, f64::max);
-    table.push(
+    table.push(calibrated_or_emergent(
         ReproRow::claim(
             "§6.2",
             "per_thread_runtime",
@@ -730,9 +853,9 @@ pub fn reproduce(
                 "multiple_unmap under linux: per-thread runtime {lo:.3e}..{hi:.3e} cycles within 150 M..1.5 G (value: the least)"
             ),
         )
-        .unit("cycles")
-        .emergent(),
-    );
+        .unit("cycles"),
+        &fitted62,
+    ));
     if let Some(p) = svg("romanescu10-fig8.svg") {
         g8.plot(
             "romanescu10 Fig. 8: multiple_unmap, directory",
@@ -743,28 +866,31 @@ pub fn reproduce(
 
     // ---- COW: single_cow (directory), multiple_cow (snooping) ----------
     progress("single_cow (directory) and multiple_cow (snooping)");
-    let cow1 = PaperSpec::load(src, "romanescu10/single-cow.toml")?;
     let gc1 = Grid::run(&cow1, &[16], &[0, top], false, runs)?;
     let sc = gc1.at(16, top, "unitd");
-    let sci = gc1.at(16, top, "ideal");
+    let (okc, nc, gapc, mostc) = gc1.unitd_matches_ideal();
+    table.push(
+        ReproRow::claim(
+            "§6.3 single_cow",
+            "unitd_approx_ideal",
+            Some(gapc),
+            okc == nc,
+            &approx_ideal_note(okc, nc, gapc, mostc),
+        )
+        .unit("points")
+        .at("cores", 16)
+        .emergent(),
+    );
     let unmap = g7.at(16, top, "unitd").mean;
-    let alike = sc.overlaps(&sci);
     table.push(
         at_point(
             ReproRow::claim(
                 "§6.3 single_cow",
-                "approx_ideal_and_below_unmap",
+                "below_single_unmap",
                 Some(sc.mean),
-                alike && sc.mean < unmap,
+                sc.mean < unmap,
                 &format!(
-                    "single_cow: unitd ≈ ideal ({:.4} [{:.4}, {:.4}] vs {:.4} [{:.4}, {:.4}], CIs {}), and a smaller speedup than single_unmap's {unmap:.2} (copies dominate)",
-                    sc.mean,
-                    sc.lo,
-                    sc.hi,
-                    sci.mean,
-                    sci.lo,
-                    sci.hi,
-                    if alike { "overlap" } else { "apart" }
+                    "single_cow's speedup below single_unmap's {unmap:.3} (\"TLB shootdown is a smaller percentage of runtime for COW\")"
                 ),
             ),
             16,
@@ -774,7 +900,6 @@ pub fn reproduce(
         .ci(sc.lo, sc.hi)
         .emergent(),
     );
-    let cow2 = PaperSpec::load(src, "romanescu10/multiple-cow.toml")?;
     let gc2 = Grid::run(&cow2, &[16], counts, true, runs)?;
     let (best_n, best) = counts
         .iter()

@@ -188,7 +188,20 @@ impl Sim {
                     // Leave the hot path: cancel the pending slice and take
                     // the interrupt at this CPU's own time.
                     c.slice_gen += 1;
-                    let at = c.local.max(t);
+                    // A computation run ahead in one stretch is cut at
+                    // the arrival: the clock goes back, the rest is still
+                    // to compute.
+                    let (local, thread) = (c.local, c.thread);
+                    if let Some(tid) = thread
+                        && let Some(from) = w.threads[tid.0 as usize].compute_stretch_from
+                        && t < local
+                    {
+                        let back = local - from.max(t);
+                        w.threads[tid.0 as usize].compute_left += back.0;
+                        w.threads[tid.0 as usize].compute_stretch_from = None;
+                        w.cpus[cpu.index()].local = local - back;
+                    }
+                    let at = w.cpus[cpu.index()].local.max(t);
                     drop(w);
                     let sim = self.clone();
                     self.spawn(

@@ -141,11 +141,29 @@ fn user_slice(w: &mut World, cpu: CpuId, t: Cycles) -> Option<Trap> {
         None
     };
     let end = w.cpus[ci].local + Cycles(quantum);
+    // Every interrupt before this slice has arrived: a stretch run ahead
+    // in the last slice is past.
+    w.threads[tid.0 as usize].compute_stretch_from = None;
     let trap = loop {
         if fetch_fault.is_some() {
             break fetch_fault.take();
         }
         let left = w.threads[tid.0 as usize].compute_left;
+        if left > 0
+            && w.threads[tid.0 as usize]
+                .program
+                .as_ref()
+                .is_some_and(|p| p.long_computes())
+        {
+            // The whole computation in one stretch; the slice ends with
+            // it, so that an interrupt arriving during it can rewind the
+            // clock to its arrival (`irq_arrive`).
+            let th = &mut w.threads[tid.0 as usize];
+            th.compute_stretch_from = Some(w.cpus[ci].local);
+            th.compute_left = 0;
+            w.cpus[ci].local += Cycles(left);
+            break None;
+        }
         if left > 0 {
             let room = (end.0.saturating_sub(w.cpus[ci].local.0)).min(left);
             w.cpus[ci].local += Cycles(room);
