@@ -5,19 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
+bin="${CARGO_TARGET_DIR:-target}/release/mmulab"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # Exit 1 means a judged emergent row is outside tolerance: the tables are
 # still written, and that is what they show.
-./target/release/mmulab reproduce all --quick --markdown docs --out "$out/o" >/dev/null || [ $? -eq 1 ]
+"$bin" reproduce all --quick --markdown docs --out "$out/o" >/dev/null || [ $? -eq 1 ]
 # The worked example and its negative control, the wall time elided (the
 # one part of a run that differs from machine to machine).
 elide() { sed -E 's/in [0-9.]+ s wall \([0-9.]+ M refs\/s\)/in … s wall (… M refs\/s)/'; }
-{ echo '```'; echo '$ mmulab run experiments/tester.toml'; ./target/release/mmulab run experiments/tester.toml | elide; echo '```'; } > "$out/example.md"
+{ echo '```'; echo '$ mmulab run experiments/tester.toml'; "$bin" run experiments/tester.toml | elide; echo '```'; } > "$out/example.md"
 code=0
-./target/release/mmulab run experiments/tester.toml --set protocol=none > "$out/none.txt" || code=$?
+"$bin" run experiments/tester.toml --set protocol=none > "$out/none.txt" || code=$?
 { echo '```'; echo '$ mmulab run experiments/tester.toml --set protocol=none; echo "exit $?"'; echo '...'
-  elide < "$out/none.txt" | tail -n 4; echo "exit $code"; echo '```'; } > "$out/control.md"
+  elide < "$out/none.txt" | tail -n 5; echo "exit $code"; echo '```'; } > "$out/control.md"
 OUT="$out" python3 - <<'PY'
 import os
 readme = open("README.md").read()

@@ -290,7 +290,7 @@ fn readme_worked_example_is_what_the_run_prints() {
     assert_eq!(o.status.code(), Some(1), "the negative control exits 1");
     let out = elide_wall(&String::from_utf8_lossy(&o.stdout));
     let lines: Vec<&str> = out.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(4)..];
+    let tail = &lines[lines.len().saturating_sub(5)..];
     let expect = format!(
         "```\n$ mmulab run experiments/tester.toml --set protocol=none; echo \"exit $?\"\n...\n{}\nexit 1\n```\n",
         tail.join("\n")
