@@ -11,6 +11,9 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     };
     for e in rd.flatten() {
         let p = e.path();
+        // Every folder and file is watched by name: an edit deep inside
+        // experiments/ must rebuild the embedded copy.
+        println!("cargo:rerun-if-changed={}", p.display());
         if p.is_dir() {
             walk(&p, out);
         } else if p.extension().is_some_and(|x| x == "toml") {
