@@ -381,16 +381,7 @@ pub fn reproduce(
     for ps in [&fig7, &fig8, &cow1, &cow2] {
         table.calibration.extend(ps.calibration()?);
     }
-    // The fitted inputs behind an artefact's rows.
-    let fitted = |artefact: &str| -> Vec<String> {
-        table
-            .calibration
-            .iter()
-            .filter(|(_, a)| *a == artefact)
-            .map(|(k, _)| k.clone())
-            .collect()
-    };
-    let (fitted9, fitted62) = (fitted("Fig. 9"), fitted("§6.2"));
+    let (fitted9, fitted62) = (table.fitted_inputs("Fig. 9"), table.fitted_inputs("§6.2"));
 
     // ---- Fig. 7: single_unmap, directory ------------------------------
     progress("Fig. 7: single_unmap, directory (linux, unitd, ideal)");
