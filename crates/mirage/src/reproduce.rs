@@ -312,8 +312,9 @@ fn worst_case(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<Pres
             requests,
         )
         .with_note(
-            "mmulab counts faults that send a request to a remote library; §7.2's 5 cannot \
-             come with its 9 messages under any reading of Table 1 (docs/papers/fleisch89.md)",
+            "mmulab counts faults that send a request to a remote library; §7.2's 5 come with \
+             its 9 messages only if a remote writer drops its copy and invalidations go \
+             unacknowledged, against Table 1 and §6.1 (docs/papers/fleisch89.md)",
         ),
     );
     t.push(count(
