@@ -9,13 +9,14 @@
 //! * `emergent`: synthetic stand-ins for Table I's benchmarks run on `mmulab-swtlb`'s OS
 //!   models and R2000 TLB (`paper-data/shape.toml`, three seeds averaged), judged where the
 //!   simulated number is not an input read back: the ratios between systems (Tables II, V,
-//!   §4.2.1), the order of Table VIII's placements, Figs. 6, 8, 10, 12-14's claims. In the
-//!   full run, real programs traced under Valgrind lackey (gzip, dd, syscall
-//!   microbenchmarks) drive the same models; `--quick` never captures.
-//! * `input`: rows that follow from the model's layout constants (3 L2 PTEs and one L3
-//!   PTE per task, 2 L2 and 3 L3 PTEs for the kernel: Fig. 5's knees, Figs. 7 and 9's
-//!   optima, the stand-ins' Table IX static optima) or from a configuration (Mach's
-//!   copy-on-write Modify misses, compress's stride);
+//!   §4.2.1), the order of Table VIII's placements, Figs. 6, 8, 10, 12-14's claims, and
+//!   the partition points set by the page-table layout (`mmulab_swtlb::layout`: Fig. 5's
+//!   knees, Figs. 7 and 9's optima, the stand-ins' Table IX static optima; the live PTE
+//!   counts in their notes are computed from the layout's addresses). In the full run,
+//!   real programs traced under Valgrind lackey (gzip, dd, syscall microbenchmarks) drive
+//!   the same models; `--quick` never captures.
+//! * `input`: rows that follow from a configuration (Mach's copy-on-write Modify misses,
+//!   compress's stride);
 //! * `calibrated`: Table IX's dynamic column on the stand-ins, whose hill-climbing
 //!   threshold was chosen on them (`[calibration]` of shape.toml).
 
@@ -2573,7 +2574,7 @@ fn captured_rows(
                         None,
                         knee as f64,
                         &format!(
-                            "captured: first partition (2-24) with L2 time <= 5% of its largest; the captured processes touch {} distinct 4 MB regions (their L2 PTEs, from the trace), plus the model's 2 kernel and 3 per server task; not judged (paper's knees are mab's, and the kernel's and servers' shares are layout constants)",
+                            "captured: first partition (2-24) with L2 time <= 5% of its largest; the captured processes touch {} distinct 4 MB regions (their L2 PTEs, from the trace), plus the kernel's 2 and 3 per server task from the layout (layout.rs); not judged (the paper's knees are mab's, which is not captured by default)",
                             regions.len()
                         ),
                     )
