@@ -11,6 +11,8 @@
 //!   each cycle, 6-bit ASIDs with a flush on rollover) and the trap-driven run of one
 //!   OS's reference stream on it (`mmulab trace sim --r2000`); it is also Tapeworm's
 //!   real TLB in [`sim::simulate_trap`].
+//! * [`layout`]: where each task's segments, the kernel's per-entry structures and mapped
+//!   kernel data lie, and the L2 and L3 PTEs those addresses need (computed, not counted).
 //! * [`costs`]: the miss types of Table III and the `decstation3100-1994` cost preset.
 //! * [`os`]: the OS models of Table IV and §4.2 (what a system call touches).
 //! * [`sim`]: the miss handler (`swtlb`), direct simulation of many configurations, the
@@ -25,6 +27,7 @@
 //! simulated TLBs — all on a hot path run once per configuration per reference.
 
 pub mod costs;
+pub mod layout;
 pub mod os;
 pub mod pagetable;
 pub mod r2000;

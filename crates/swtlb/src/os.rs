@@ -12,8 +12,9 @@
 //! * Every system talks to an X-server task for display calls (Table IV's "X Server").
 //!
 //! Kernel text is unmapped on the R2000 (kseg0) and never reaches the TLB. On every kernel
-//! entry the kernel touches its per-task stack and u-area, in two 4 MB regions mapped like
-//! user pages — fn. 7's "two L2 PTEs for kernel data structures".
+//! entry the kernel touches its stack and u-area, in two 4 MB regions mapped like user
+//! pages — fn. 7's "two L2 PTEs for kernel data structures". Every address (the tasks'
+//! segments, these two, mapped kernel data in kseg2) comes from [`crate::layout`].
 //!
 //! Invalid and Modify events depend only on page state, never on the TLB (§5.3): they are
 //! decided here, once, for the whole reference stream.
@@ -26,19 +27,15 @@ use mmulab_trace::AccessKind;
 use serde::{Deserialize, Serialize};
 
 use crate::costs::CostColumn;
+use crate::layout::{KERNEL_ENTRY_VPNS, LAYOUT, kernel_data_vpn};
 use crate::pagetable::{Key, PteClass, TaskId, l1k};
 use crate::tlb::KeyHasher;
-use crate::workload::{Event, LAYOUT, SysClass};
+use crate::workload::{Event, SysClass};
 
 pub const KERNEL_TASK: TaskId = 0;
 pub const UNIX_SERVER: TaskId = 2;
 pub const AFS_TASK: TaskId = 3;
 pub const X_SERVER: TaskId = 4;
-
-/// Base of mapped kernel data (kseg2 on the R2000), in pages.
-const KERNEL_DATA_BASE: u64 = 0xc0000;
-/// The kernel stack / u-area regions of fn. 7 (task 0, two 4 MB regions).
-const KSTACK_VPNS: [u64; 2] = [0x1000, 0x2000];
 
 /// The five systems of Table I.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,7 +270,7 @@ impl OsModel {
 
     /// The kernel's stack and u-area (fn. 7's two kernel L2 PTEs), touched on entry.
     fn kernel_entry(&mut self) {
-        for v in KSTACK_VPNS {
+        for v in KERNEL_ENTRY_VPNS {
             self.user(KERNEL_TASK, v, AccessKind::Store);
         }
     }
@@ -289,8 +286,8 @@ impl OsModel {
             if idx < unmapped {
                 continue;
             }
-            // Spread over two 4 MB regions of mapped kernel space.
-            let kvpn = KERNEL_DATA_BASE + (idx & 1) * 1024 + idx / 2;
+            // Spread over two 4 MB regions of mapped kernel space (`layout.rs`).
+            let kvpn = kernel_data_vpn(idx);
             self.out.push(SysRef {
                 key: l1k(kvpn),
                 flags: 0,

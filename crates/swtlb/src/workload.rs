@@ -39,22 +39,8 @@ pub enum Event {
     Syscall { class: SysClass, pages: u32 },
 }
 
-/// A user task's address-space layout: text, data and stack in three 4 MB regions, so a
-/// task needs three L2 PTEs (uhlig94 fn. 7).
-#[derive(Clone, Copy, Debug)]
-pub struct Layout {
-    pub text_base: u64,
-    pub data_base: u64,
-    pub stack_top: u64,
-}
-
-/// The layout every synthetic task uses (vpns; 4 KB pages): text at 4 MB, data at
-/// 256 MB, stack below 2 GB.
-pub const LAYOUT: Layout = Layout {
-    text_base: 0x400,
-    data_base: 0x10000,
-    stack_top: 0x7ffff,
-};
+/// The user layout lives in [`crate::layout`] (MIPS text, data and stack segments).
+pub use crate::layout::{LAYOUT, Layout};
 
 /// A synthetic application (a labelled stand-in for one of Table I's benchmarks).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -9,13 +9,14 @@
 //! * `emergent`: synthetic stand-ins for Table I's benchmarks run on `mmulab-swtlb`'s OS
 //!   models and R2000 TLB (`paper-data/shape.toml`, three seeds averaged), judged where the
 //!   simulated number is not an input read back: the ratios between systems (Tables II, V,
-//!   §4.2.1), the order of Table VIII's placements, Figs. 6, 8, 10, 12-14's claims. In the
-//!   full run, real programs traced under Valgrind lackey (gzip, dd, syscall
-//!   microbenchmarks) drive the same models; `--quick` never captures.
-//! * `input`: rows that follow from the model's layout constants (3 L2 PTEs and one L3
-//!   PTE per task, 2 L2 and 3 L3 PTEs for the kernel: Fig. 5's knees, Figs. 7 and 9's
-//!   optima, the stand-ins' Table IX static optima) or from a configuration (Mach's
-//!   copy-on-write Modify misses, compress's stride);
+//!   §4.2.1), the order of Table VIII's placements, Figs. 6, 8, 10, 12-14's claims, and
+//!   the partition points set by the page-table layout (`mmulab_swtlb::layout`: Fig. 5's
+//!   knees, Figs. 7 and 9's optima, the stand-ins' Table IX static optima; the live PTE
+//!   counts in their notes are computed from the layout's addresses). In the full run,
+//!   real programs traced under Valgrind lackey (gzip, dd, syscall microbenchmarks) drive
+//!   the same models; `--quick` never captures.
+//! * `input`: rows that follow from a configuration (Mach's copy-on-write Modify misses,
+//!   compress's stride);
 //! * `calibrated`: Table IX's dynamic column on the stand-ins, whose hill-climbing
 //!   threshold was chosen on them (`[calibration]` of shape.toml).
 
@@ -25,11 +26,14 @@ use std::path::Path;
 use mmulab_engine::mean_ci95;
 use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, RowKind, Series};
 use mmulab_swtlb::costs::CostPreset;
-use mmulab_swtlb::os::{OsKind, OsModel, OsParams, SysRef};
+use mmulab_swtlb::layout::{TaskSpan, live_ptes};
+use mmulab_swtlb::os::{AFS_TASK, OsKind, OsModel, OsParams, SysRef, UNIX_SERVER, X_SERVER};
 use mmulab_swtlb::r2000;
 use mmulab_swtlb::sim::{DynamicPartition, Outcome, Placement, TlbSetup, simulate_trap};
 use mmulab_swtlb::tlb::Repl;
-use mmulab_swtlb::workload::{CapturedEvents, Event, Workload, token_ring};
+use mmulab_swtlb::workload::{
+    APP_TASK, CapturedEvents, Event, FIRST_TOKEN_SERVER, Workload, token_ring,
+};
 use mmulab_swtlb::{MissType, simulate_direct};
 use rayon::prelude::*;
 
@@ -894,43 +898,75 @@ fn ci_series(name: &str, xs: &[usize], aggs: &[Agg], f: impl Fn(&SeedAgg) -> f64
     Series::with_ci(name, pts, bars)
 }
 
-/// How many L2 PTEs the model keeps live: the kernel's two (its stack and u-area, fn. 7;
-/// `os.rs`) and three per task (text, data, stack in three 4 MB regions: `workload.rs`'s
-/// layout). Under placement A a partition point's worth is set by whether these fit.
-fn live_l2(os: OsKind, display: bool) -> usize {
-    let mut n = 2 + 3; // kernel + the application
+/// The tasks whose pages `os` touches on a stand-in, as `layout.rs` spans: the
+/// application (the stand-ins' default segment sizes), under Mach 3.0 the Unix server
+/// (§4.2.2; with Mach3+AFSin's cache-manager data), under Mach3+AFSout the AFS task
+/// (§4.2.3), and the X server where the workload makes display calls (Table IV). The
+/// servers' sizes are `OsParams::preset`'s; the stack is the two pages the models touch.
+fn live_tasks(os: OsKind, display: bool) -> Vec<TaskSpan> {
+    let p = OsParams::preset(os);
+    let w = Workload::named("live");
+    let mut t = vec![TaskSpan {
+        task: APP_TASK,
+        text: w.text_pages,
+        data: w.data_pages,
+        stack: 2,
+    }];
     if os.is_mach() {
-        n += 3; // the Unix server (§4.2.2)
+        let afs_in = if os == OsKind::Mach3AfsIn {
+            p.afs_data_pages
+        } else {
+            0
+        };
+        t.push(TaskSpan {
+            task: UNIX_SERVER,
+            text: p.server_text_pages,
+            data: p.server_data_pages + afs_in,
+            stack: 2,
+        });
     }
     if os == OsKind::Mach3AfsOut {
-        n += 3; // the AFS cache manager's task (§5.2.1)
+        t.push(TaskSpan {
+            task: AFS_TASK,
+            text: p.server_text_pages / 2,
+            data: p.afs_data_pages,
+            stack: 2,
+        });
     }
     if display {
-        n += 3; // the X server
+        t.push(TaskSpan {
+            task: X_SERVER,
+            text: p.x_text_pages,
+            data: p.x_data_pages,
+            stack: 2,
+        });
     }
-    n
+    t
 }
 
-/// The L2 and L3 PTEs a stand-in keeps live under Mach 3.0 (Table IX's runs): the L2
-/// PTEs of [`live_l2`]; one L3 PTE per task (a task's whole space lies under one page of
-/// the L2 table), the kernel task's for its stack and u-area, and two for the two 4 MB
-/// regions of mapped kernel data (`pagetable.rs`, `os.rs`).
+/// How many L2 PTEs `os` keeps live on a stand-in: computed by `layout::live_ptes` from
+/// the addresses the kernel's per-entry structures and [`live_tasks`] occupy (no count is
+/// written down; with the MIPS layout it comes to the kernel's two and three per task).
+fn live_l2(os: OsKind, display: bool) -> usize {
+    live_ptes(&live_tasks(os, display), 0, false).0
+}
+
+/// The L2 and L3 PTEs a stand-in keeps live under Mach 3.0 (Table IX's runs, policy B),
+/// computed by `layout::live_ptes` over [`live_tasks`] and Mach's mapped kernel data pool.
 fn live_lower_b(w: &Workload) -> (usize, usize) {
     let display = w.display_fraction > 0.0;
-    let l2 = live_l2(OsKind::Mach3, display);
-    // The kernel task, the kernel data's two, the application, the Unix server.
-    let l3 = 1 + 2 + 1 + 1 + usize::from(display);
-    (l2, l3)
+    let p = OsParams::preset(OsKind::Mach3);
+    live_ptes(
+        &live_tasks(OsKind::Mach3, display),
+        p.kernel_data_pages,
+        true,
+    )
 }
 
 /// The first partition point of `lowers` that holds `n` L2 PTEs.
 fn first_holding(lowers: &[usize], n: usize) -> usize {
     lowers.iter().copied().find(|&l| l >= n).unwrap_or(n)
 }
-
-/// How many L2 PTEs Mach 3.0 keeps live (fn. 7 and §5.2.1: the kernel's two, the task's
-/// and the Unix server's three each).
-const MACH3_LIVE_L2: f64 = 8.0;
 
 const CEILING_NOTE: &str = "under D an L2 miss beyond the first needs a random fill to have evicted that L2 PTE \
      since its last use; with k = 8 live L2 PTEs (Mach 3.0's count, fn. 7) among 64 slots a fill evicts one with \
@@ -941,7 +977,8 @@ const CEILING_NOTE: &str = "under D an L2 miss beyond the first needs a random f
 /// under them) evicted by random fills: `fills` L1U+L1K+L2+L3 misses costing `a_seconds`
 /// at A.
 fn d_over_a_ceiling(fills: f64, a_seconds: f64, costs: &CostPreset) -> f64 {
-    let k = MACH3_LIVE_L2;
+    // Mach 3.0's live L2 PTEs as the layout gives them (8: fn. 7 and §5.2.1).
+    let k = live_l2(OsKind::Mach3, false) as f64;
     let extra_per_fill =
         k / (64.0 - 2.0 * k) * (costs.cycles_of(MissType::L2) + costs.cycles_of(MissType::L3));
     let a_cycles = a_seconds / (costs.ns_per_cycle * 1e-9);
@@ -954,9 +991,8 @@ struct Table9 {
     art: String,
     /// The dynamic column is `calibrated` (its threshold was chosen on these runs).
     dynamic_fitted: bool,
-    /// The live L2 and L3 PTEs of a stand-in, fixed by the layout constants: its static
-    /// optimum (policy B keeps both in the lower slots) is then `input`. `None` for a
-    /// captured trace, whose processes come and go.
+    /// The live L2 and L3 PTEs of a stand-in as `layout.rs` computes them (shown in the
+    /// static optimum's note). `None` for a captured trace, whose processes come and go.
     live_lower: Option<(usize, usize)>,
     workload: String,
     note: String,
@@ -1030,8 +1066,8 @@ fn table9_rows(
     .at("workload", w)
     .at("policy", "B");
     table.push(match t9.live_lower {
-        Some((l2, l3)) => optimum.input().with_note(&format!(
-            "{how}; input: the model keeps {l2} L2 and {l3} L3 PTEs live (layout constants: 2 kernel + 3 per task L2, one L3 per task + 3 for the kernel), {} in all; the optimum sits at the even partition at or just below that count (a missing L3 PTE is the cheapest to refetch)",
+        Some((l2, l3)) => optimum.emergent().with_note(&format!(
+            "{how}; the layout (layout.rs: MIPS segments, the kernel's stack and u-area, two kseg2 regions of kernel data) needs {l2} L2 and {l3} L3 PTEs live, {} in all",
             l2 + l3
         )),
         None => optimum.emergent().with_note(&how),
@@ -1533,19 +1569,14 @@ pub fn reproduce(
         knee_found.push(knee);
         let live = live_l2(os, false);
         table.push(
-            ReproRow::plot_only(
-                "Fig. 5",
-                "knee",
-                Some(knees.num(os.name())?),
-                knee as f64,
-                &format!(
-                    "first partition with L2 time <= 5% of its largest; input: the model keeps {live} L2 PTEs live (2 kernel + 3 per task, layout constants), so L2 misses stop at {live} lower slots"
-                ),
-            )
-            .unit("lower slots")
-            .at("os", os.name())
-            .at("workload", stand_in("mab"))
-            .input(),
+            ReproRow::numeric("Fig. 5", "knee", knees.num(os.name())?, knee as f64, optimum_tol)
+                .with_note(&format!(
+                    "first partition with L2 time <= 5% of its largest; the layout (layout.rs) needs {live} L2 PTEs live"
+                ))
+                .unit("lower slots")
+                .at("os", os.name())
+                .at("workload", stand_in("mab"))
+                .emergent(),
         );
         plot.add(ci_series(os.name(), &lowers, &r, |s| {
             s.secs_by_type[MissType::L2.index()]
@@ -1559,11 +1590,11 @@ pub fn reproduce(
             None,
             knee_found[0] < knee_found[1] && knee_found[1] < knee_found[2],
             &format!(
-                "OSF/1 < Mach3 < AFSout (found {knee_found:?}; paper 6, 8, 11); input: every server task adds the three L2 PTEs the layout gives each task"
+                "OSF/1 < Mach3 < AFSout (found {knee_found:?}; paper 6, 8, 11); each server task's segments lie in three 4 MB regions of the MIPS layout"
             ),
         )
         .at("workload", stand_in("mab"))
-        .input(),
+        .emergent(),
     );
     if let Some(row) = fig6 {
         table.push(row);
@@ -1575,7 +1606,7 @@ pub fn reproduce(
     let optimum_note = |o: usize, live: usize| {
         let first = first_holding(&lowers, live);
         format!(
-            "lower slots at the least total time (even points); input: the model keeps {live} L2 PTEs live (2 kernel + 3 per task), and the first even partition holding them is {first}{}",
+            "lower slots at the least total time (even points); the layout (layout.rs) needs {live} L2 PTEs live, and the first even partition holding them is {first}{}",
             if o == first {
                 ""
             } else {
@@ -1596,17 +1627,18 @@ pub fn reproduce(
         let o = argmin(&lowers, &t);
         opt.push(o);
         table.push(
-            ReproRow::plot_only(
+            ReproRow::numeric(
                 "Fig. 7",
                 "optimum",
-                Some(p7.num(os.name())?),
+                p7.num(os.name())?,
                 o as f64,
-                &optimum_note(o, live_l2(os, false)),
+                optimum_tol,
             )
+            .with_note(&optimum_note(o, live_l2(os, false)))
             .unit("lower slots")
             .at("os", os.name())
             .at("workload", stand_in("ousterhout"))
-            .input(),
+            .emergent(),
         );
         plot.add(ci_series(os.name(), &lowers, &r, |s| s.seconds));
     }
@@ -1618,11 +1650,11 @@ pub fn reproduce(
             None,
             opt[0] <= opt[1] && opt[1] <= opt[2] && opt[0] < opt[2],
             &format!(
-                "Mach3 <= AFSin <= AFSout, AFSout further right (found {opt:?}; paper 8, 10, 12); input: the AFS task's three L2 PTEs"
+                "Mach3 <= AFSin <= AFSout, AFSout further right (found {opt:?}; paper 8, 10, 12); the AFS task's segments need three more L2 PTEs"
             ),
         )
         .at("workload", stand_in("ousterhout"))
-        .input(),
+        .emergent(),
     );
     let p7b = pk.sub("fig7_optimum_mach3")?;
     let mut opt = Vec::new();
@@ -1638,17 +1670,12 @@ pub fn reproduce(
         opt.push(o);
         let display = shape.workloads[w].display_fraction > 0.0;
         table.push(
-            ReproRow::plot_only(
-                "Fig. 7",
-                "optimum",
-                Some(p7b.num(w)?),
-                o as f64,
-                &optimum_note(o, live_l2(OsKind::Mach3, display)),
-            )
-            .unit("lower slots")
-            .at("os", "Mach3")
-            .at("workload", stand_in(w))
-            .input(),
+            ReproRow::numeric("Fig. 7", "optimum", p7b.num(w)?, o as f64, optimum_tol)
+                .with_note(&optimum_note(o, live_l2(OsKind::Mach3, display)))
+                .unit("lower slots")
+                .at("os", "Mach3")
+                .at("workload", stand_in(w))
+                .emergent(),
         );
         plot.add(ci_series(w, &lowers, &r, |s| s.seconds));
     }
@@ -1660,11 +1687,11 @@ pub fn reproduce(
             None,
             opt[0] < opt[1] && opt[0] < opt[2],
             &format!(
-                "compress below video_play and mpeg_play (found {opt:?}; paper 8, 14, 18); input: the X server's three L2 PTEs, which only display calls touch"
+                "compress below video_play and mpeg_play (found {opt:?}; paper 8, 14, 18); the X server's segments need three more L2 PTEs, touched only by display calls"
             ),
         )
         .at("os", "Mach3")
-        .input(),
+        .emergent(),
     );
 
     progress("Table VIII / Fig. 8: placement policies A-D (Mach3, ousterhout)");
@@ -1780,9 +1807,17 @@ pub fn reproduce(
         let t: Vec<f64> = agg.iter().map(|a| a.seconds).collect();
         let o = argmin(&lowers, &t);
         opts.push(o);
-        // The kernel's two L2 PTEs and three per server (no application, no Unix server:
-        // the token passes by bare IPC).
-        let live = 2 + 3 * n as usize;
+        // The servers' pages as the layout places them (no application, no Unix server:
+        // the token passes by bare IPC), and the kernel's per-entry structures.
+        let spans: Vec<TaskSpan> = (0..n)
+            .map(|s| TaskSpan {
+                task: FIRST_TOKEN_SERVER + s,
+                text: 4,
+                data: shape.ring_pages,
+                stack: 1,
+            })
+            .collect();
+        let live = live_ptes(&spans, 0, false).0;
         let first = first_holding(&lowers, live);
         table.push(
             ReproRow::plot_only(
@@ -1791,12 +1826,12 @@ pub fn reproduce(
                 None,
                 o as f64,
                 &format!(
-                    "lower slots at the least total time; input: {live} live L2 PTEs (2 kernel + 3 per server), first even partition holding them {first}"
+                    "lower slots at the least total time; the layout (layout.rs) needs {live} L2 PTEs live, first even partition holding them {first}"
                 ),
             )
             .unit("lower slots")
             .at("servers", n)
-            .input(),
+            .emergent(),
         );
         plot.add(ci_series(&format!("{n} servers"), &lowers, &agg, |s| {
             s.seconds
@@ -1810,10 +1845,10 @@ pub fn reproduce(
             None,
             opts.windows(2).all(|w| w[0] < w[1]),
             &format!(
-                "found {opts:?}; input: each server adds the three L2 PTEs the layout gives every task"
+                "found {opts:?}; each server's segments lie in three 4 MB regions of the MIPS layout"
             ),
         )
-        .input(),
+        .emergent(),
     );
 
     progress("Fig. 10: FIFO vs random per partition");
@@ -2539,7 +2574,7 @@ fn captured_rows(
                         None,
                         knee as f64,
                         &format!(
-                            "captured: first partition (2-24) with L2 time <= 5% of its largest; the captured processes touch {} distinct 4 MB regions (their L2 PTEs, from the trace), plus the model's 2 kernel and 3 per server task; not judged (paper's knees are mab's, and the kernel's and servers' shares are layout constants)",
+                            "captured: first partition (2-24) with L2 time <= 5% of its largest; the captured processes touch {} distinct 4 MB regions (their L2 PTEs, from the trace), plus the kernel's 2 and 3 per server task from the layout (layout.rs); not judged (the paper's knees are mab's, which is not captured by default)",
                             regions.len()
                         ),
                     )
