@@ -180,6 +180,17 @@ impl Protocol for Mach {
             })
             .collect();
         *self.action_locks.borrow_mut() = (0..n).map(|_| sim.new_lock()).collect();
+        // Mach pmaps allocate the kernel pmap's second-level tables at
+        // bootstrap, for kernel virtual space as large as physical memory
+        // [A]: the kernel's own wired data shares those tables with its
+        // pageable allocations. So `lazy = false`'s level-2 skip (§7.2)
+        // never skips a kernel range, only unpopulated user ones.
+        let mut w = sim.w();
+        let top = 1u64 << w.cfg.pt_format.vpn_bits();
+        let start = w.kmem_next;
+        let pages = w.cfg.memory_frames.min(top.saturating_sub(start));
+        w.preallocate_tables(KERNEL_PMAP, Vpn(start), pages)
+            .expect("physical memory for the kernel's page tables");
     }
 
     /// The shootdown interrupt sits above device interrupts (black89 §9's
