@@ -436,6 +436,61 @@ impl World {
         found
     }
 
+    /// True when any level-2 (leaf) table of the range exists. black89
+    /// §7.2: with the valid-mapping check off, the Multimax pmap still
+    /// skips a range whose second-level table is missing (it "knows that
+    /// an entire page of second level entries is missing").
+    pub fn any_leaf_table(&mut self, pmap: PmapId, start: Vpn, pages: u64) -> bool {
+        let fmt = self.cfg.pt_format;
+        let root = self.pmaps[pmap.0 as usize].root;
+        let span = fmt.pages_per_entry(fmt.levels() - 2);
+        let end = start.0 + pages;
+        let mut v = start.0;
+        let mut none = Vec::new();
+        while v < end {
+            if leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none)
+                .expect("no allocation")
+                .is_some()
+            {
+                return true;
+            }
+            v = (v / span + 1) * span;
+        }
+        false
+    }
+
+    /// Creates the level-2 tables covering `pages` pages from `start` in
+    /// `pmap` (no page is mapped): a pmap that allocates the kernel's page
+    /// tables at bootstrap, as Mach pmaps do, calls it at boot. Returns
+    /// the tables made, or an error when physical memory runs out.
+    pub fn preallocate_tables(
+        &mut self,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+    ) -> Result<usize, mmulab_machine::physmem::OutOfMemory> {
+        let fmt = self.cfg.pt_format;
+        let root = self.pmaps[pmap.0 as usize].root;
+        let span = fmt.pages_per_entry(fmt.levels() - 2);
+        let end = start.0 + pages;
+        let mut v = start.0;
+        let mut made = Vec::new();
+        while v < end {
+            let r = leaf_slot(&mut self.mem, fmt, root, Vpn(v), true, &mut made);
+            if let Err(e) = r {
+                self.pmaps[pmap.0 as usize].tables.extend(made);
+                return Err(e);
+            }
+            v = (v / span + 1) * span;
+        }
+        let n = made.len();
+        self.pmaps[pmap.0 as usize].tables.extend(made);
+        if n > 0 {
+            self.l1_sync(pmap);
+        }
+        Ok(n)
+    }
+
     /// Applies an update to the page tables, recording each change with the
     /// oracle under the operation `cpu` is carrying out.
     pub fn pt_apply(&mut self, cpu: CpuId, u: &Update) -> PtEdit {

@@ -83,11 +83,15 @@ impl Mach {
     /// an idle CPU about to become active. Only the interrupt handler's time
     /// is a responder sample: black89 §6 timed "the elapsed time in the
     /// interrupt service routine", which an idle CPU's catch-up is not.
-    async fn respond(&self, sim: &Sim, me: CpuId, in_interrupt: bool) {
+    /// `start` is when the sample's clock started (the routine's first
+    /// instruction, see `interrupt`).
+    async fn respond(&self, sim: &Sim, me: CpuId, in_interrupt: bool, start: Cycles) {
         let costs = sim.costs();
-        let start = sim.now();
         let mut kernel = false;
         let mut processed = 0;
+        // Fig. 1's `while (action_needed[mycpu])`: each test reads shared
+        // shootdown state, a cache miss (§7.1) before the acknowledgement.
+        sim.delay(me, Cycles(costs.mem_cycles)).await;
         while self.cpus.borrow()[me.index()].action_needed {
             processed += 1;
             self.cpus.borrow_mut()[me.index()].active = false;
@@ -103,8 +107,11 @@ impl Mach {
             .await;
             kernel |= self.process_actions(sim, me).await;
             self.cpus.borrow_mut()[me.index()].active = true;
+            sim.delay(me, Cycles(costs.mem_cycles)).await;
         }
-        let _ = costs;
+        // The clock stops here: after the last test of `action_needed`,
+        // before `restore_interrupt_state` and the return (§6: the sample
+        // "ignores the interrupt dispatch and return times").
         if processed > 0 {
             let kind = if kernel { "kernel" } else { "user" };
             let what = if in_interrupt {
@@ -173,6 +180,17 @@ impl Protocol for Mach {
             })
             .collect();
         *self.action_locks.borrow_mut() = (0..n).map(|_| sim.new_lock()).collect();
+        // Mach pmaps allocate the kernel pmap's second-level tables at
+        // bootstrap, for kernel virtual space as large as physical memory
+        // [A]: the kernel's own wired data shares those tables with its
+        // pageable allocations. So `lazy = false`'s level-2 skip (§7.2)
+        // never skips a kernel range, only unpopulated user ones.
+        let mut w = sim.w();
+        let top = 1u64 << w.cfg.pt_format.vpn_bits();
+        let start = w.kmem_next;
+        let pages = w.cfg.memory_frames.min(top.saturating_sub(start));
+        w.preallocate_tables(KERNEL_PMAP, Vpn(start), pages)
+            .expect("physical memory for the kernel's page tables");
     }
 
     /// The shootdown interrupt sits above device interrupts (black89 §9's
@@ -192,8 +210,16 @@ impl Protocol for Mach {
             self.cpus.borrow_mut()[me.index()].active = false;
             sim.lock_pmap(me, u.pmap).await;
             sim.delay(me, Cycles(costs.lazy_check_cycles)).await;
-            let may_be_inconsistent =
-                !self.opts.lazy || sim.w().any_mapped(u.pmap, u.start, u.pages);
+            // Lazy evaluation asks whether any page is mapped. Without it
+            // the Multimax pmap still skips a range whose second-level
+            // table is missing (black89 §7.2: "The remaining lazy
+            // evaluation comes from internal pmap module knowledge about
+            // the structure of Multimax page tables").
+            let may_be_inconsistent = if self.opts.lazy {
+                sim.w().any_mapped(u.pmap, u.start, u.pages)
+            } else {
+                sim.w().any_leaf_table(u.pmap, u.start, u.pages)
+            };
             let kind = if u.pmap == KERNEL_PMAP {
                 "kernel"
             } else {
@@ -301,11 +327,19 @@ impl Protocol for Mach {
         })
     }
 
+    /// The interrupt service routine. The kernel has already paid the
+    /// dispatch (state save and vectoring, `costs.ipi_dispatch_cycles`);
+    /// black89 §6 times "the elapsed time in the interrupt service routine"
+    /// and says this "ignores the interrupt dispatch and return times", so
+    /// the responder's clock starts at the routine's first instruction,
+    /// Fig. 1's `s = disable_interrupts()`, and stops after its loop.
     fn interrupt<'a>(&'a self, sim: &'a Sim, me: CpuId) -> KFuture<'a> {
         Box::pin(async move {
+            let start = sim.now();
             self.cpus.borrow_mut()[me.index()].interrupt_pending = false;
             let saved = sim.set_ipl(me, Ipl::ALL);
-            self.respond(sim, me, true).await;
+            sim.delay(me, Cycles(sim.costs().spl_cycles)).await;
+            self.respond(sim, me, true, start).await;
             sim.set_ipl(me, saved);
         })
     }
@@ -338,7 +372,8 @@ impl Protocol for Mach {
             let saved = sim.set_ipl(me, Ipl::ALL);
             if self.cpus.borrow()[me.index()].action_needed {
                 sim.count("mach.idle_actions_processed", 1);
-                self.respond(sim, me, false).await;
+                let start = sim.now();
+                self.respond(sim, me, false, start).await;
             }
             self.cpus.borrow_mut()[me.index()].active = true;
             sim.restore_ipl(me, saved).await;

@@ -79,7 +79,7 @@ impl Sim {
                 };
                 let _ = level;
                 let costs = self.costs();
-                let bus = Self::bus_penalty(&self.w(), &costs);
+                let bus = Self::bus_penalty(&mut self.w(), &costs);
                 self.sleep_for(cpu, Cycles(costs.ipi_dispatch_cycles) + bus)
                     .await;
                 if irq == Irq::Shootdown {
@@ -375,7 +375,8 @@ impl Sim {
         } else {
             0
         };
-        let at = w.now() + Cycles(costs.ipi_latency_cycles + jitter) + Self::bus_penalty(&w, costs);
+        let at =
+            w.now() + Cycles(costs.ipi_latency_cycles + jitter) + Self::bus_penalty(&mut w, costs);
         w.queue.push(at, Event::Irq { cpu: target, irq });
         w.counters.add("ipi.sent", 1);
     }
@@ -386,15 +387,24 @@ impl Sim {
     /// shootdown state miss in cache). CPUs running user code in a tight
     /// loop on write-through caches use the bus on every store; once
     /// `bus_free_users` or more do, each further one adds
-    /// `bus_contention_cycles` to every interrupt delivery and dispatch.
-    /// Off (0) unless a spec turns it on.
-    pub fn bus_penalty(w: &World, costs: &Costs) -> Cycles {
+    /// `bus_contention_cycles` on average to every interrupt delivery and
+    /// dispatch. The wait is drawn uniformly from 0 to twice that mean
+    /// (from the kernel's random stream): each cache miss of the state save
+    /// waits for however many bus users happen to be ahead of it, so the
+    /// spread of a shootdown's time grows with the contention (black89
+    /// §7.1: beyond 12 processors "the standard deviation doubles").
+    /// Off (0) unless a spec turns it on; no draw is made then.
+    pub fn bus_penalty(w: &mut World, costs: &Costs) -> Cycles {
         if costs.bus_contention_cycles == 0 {
             return Cycles(0);
         }
         let users = w.cpus.iter().filter(|c| c.mode == Mode::User).count() as u64;
         let over = (users + 1).saturating_sub(costs.bus_free_users);
-        Cycles(over * costs.bus_contention_cycles)
+        if over == 0 {
+            return Cycles(0);
+        }
+        let mean = over * costs.bus_contention_cycles;
+        Cycles(w.rng.below(2 * mean + 1))
     }
 
     /// Posts an interrupt without a sender (device, or the scheduler).
