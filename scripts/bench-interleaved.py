@@ -3,6 +3,13 @@
 figures on a shared machine (docs/speed.md).
 
 usage: scripts/bench-interleaved.py ROUNDS NAME=BINARY... -- [bench options]
+       scripts/bench-interleaved.py ROUNDS NAME=BINARY... --cmd [--work N] -- ARGS...
+
+The second form times any command, `BINARY ARGS...` (`run experiments/tester.toml
+--set machine.cpus=1024 -q`, `trace sim FILE --entries 16,32`), interleaved the
+same way, and prints each binary's median and range of CPU seconds (user +
+system), and with `--work N` also N over the CPU seconds in millions per
+second (N: the references, or configuration-references, the command does).
 
 Each round runs `BINARY bench --runs 1 --json [bench options]` once per
 binary, the order alternating between rounds. Per run: bench's own wall rate,
@@ -16,8 +23,17 @@ def main():
     rounds = int(sys.argv[1])
     rest = sys.argv[2:]
     split = rest.index('--') if '--' in rest else len(rest)
-    bins = dict(a.split('=', 1) for a in rest[:split])
+    head = rest[:split]
     args = rest[split + 1:]
+    if '--cmd' in head:
+        i = head.index('--cmd')
+        work = None
+        tail = head[i + 1:]
+        if tail[:1] == ['--work']:
+            work = float(tail[1])
+        bins = dict(a.split('=', 1) for a in head[:i])
+        return cmd_mode(rounds, bins, args, work)
+    bins = dict(a.split('=', 1) for a in head)
     per_thread = 2_000_000
     if '--refs-per-thread' in args:
         per_thread = int(args[args.index('--refs-per-thread') + 1])
@@ -41,6 +57,31 @@ def main():
             v = res[k][m]
             print(f"{k} {m:4}: median {statistics.median(v):6.1f} M/s  "
                   f"range {min(v):6.1f}-{max(v):6.1f}  ({len(v)} runs)")
+
+def cmd_mode(rounds, bins, args, work):
+    res = {k: [] for k in bins}
+    outs = {}
+    for r in range(rounds):
+        order = list(bins) if r % 2 == 0 else list(bins)[::-1]
+        for k in order:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            p = subprocess.run([bins[k]] + args, capture_output=True, text=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if p.returncode not in (0, 1):
+                sys.exit(f"{k}: exit {p.returncode}: {p.stderr.strip()}")
+            res[k].append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+            outs.setdefault(k, p.stdout)
+    for k in bins:
+        v = res[k]
+        line = (f"{k} cpu s: median {statistics.median(v):8.3f}  "
+                f"range {min(v):8.3f}-{max(v):8.3f}  ({len(v)} runs)")
+        if work:
+            line += f"  = {work / statistics.median(v) / 1e6:8.1f} M/s"
+        print(line)
+    first = list(bins)[0]
+    for k in bins:
+        if k != first and outs[k] != outs[first]:
+            print(f"note: {k}'s output differs from {first}'s (timings in it?)")
 
 if __name__ == '__main__':
     main()

@@ -328,6 +328,19 @@ struct Inner {
     world: RefCell<World>,
     protocol: Rc<dyn Protocol>,
     roots: RefCell<Vec<Option<KFuture<'static>>>>,
+    /// Per CPU, while its coroutine sleeps inside `spin_until`: that
+    /// call's condition and bound, so that the event loop can re-check a
+    /// spinner without polling its coroutine (see `Sim::spin_recheck`).
+    spin_conds: RefCell<Vec<Option<SpinCond>>>,
+}
+
+/// A spinner's condition, borrowed from its suspended `spin_until` future.
+#[derive(Clone, Copy)]
+pub(crate) struct SpinCond {
+    /// Points into the coroutine's pinned, boxed future; valid while the
+    /// entry is set (see `Sim::spin_until`).
+    pub(crate) cond: *const (dyn Fn(&World) -> bool + 'static),
+    pub(crate) bound: u64,
 }
 
 /// A handle on the simulation, cloned into every kernel coroutine.
@@ -492,6 +505,7 @@ impl Sim {
             world: RefCell::new(world),
             protocol,
             roots: RefCell::new((0..n).map(|_| None).collect()),
+            spin_conds: RefCell::new(vec![None; n]),
         }));
         let level = sim.protocol().interrupt_level();
         for c in &mut sim.w().cpus {

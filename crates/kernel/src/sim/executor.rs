@@ -55,6 +55,44 @@ impl Sim {
         }
     }
 
+    /// A spinner's wake-up that changes nothing, done without polling its
+    /// coroutine: when `cpu` sleeps in `spin_until`, has no interrupt to
+    /// take, its condition is still false and its bound not passed, this
+    /// does what the coroutine would (clear, re-check, sleep to its next
+    /// wake-up: the same state changes and the same push) and returns
+    /// true. The coroutine stays suspended where it was; its loop keeps no
+    /// state between iterations, so when it is next polled it goes on as
+    /// if it had made these iterations itself. Otherwise (or when `cpu`
+    /// is not spinning) it changes nothing and returns false.
+    fn spin_recheck(&self, cpu: CpuId) -> bool {
+        let Some(sc) = self.0.spin_conds.borrow()[cpu.index()] else {
+            return false;
+        };
+        let mut w = self.w();
+        let Some((_, since, step)) = w.spinners[cpu.index()] else {
+            return false;
+        };
+        if w.cpus[cpu.index()].takeable().is_some() {
+            return false;
+        }
+        // SAFETY: set while the coroutine sleeps in `spin_until`, which
+        // holds the closure pinned (see there); it is asleep now, or its
+        // resume generation would not have matched.
+        let cond = unsafe { &*sc.cond };
+        if cond(&w) {
+            return false;
+        }
+        let Some(wake) = super::primitives::spin_next_wake(&w, since, step, sc.bound) else {
+            return false;
+        };
+        w.spinners[cpu.index()] = Some((wake, since, step));
+        let c = &mut w.cpus[cpu.index()];
+        c.resume_gen += 1;
+        let generation = c.resume_gen;
+        w.spin_wakes.push(wake, (cpu, generation));
+        true
+    }
+
     // ----- the event loop ------------------------------------------------
 
     /// Stops the run soon after `flag` is raised (it is read every 4,096
@@ -110,7 +148,9 @@ impl Sim {
             };
             match ev.1 {
                 Event::Resume { cpu, generation } => {
-                    if self.w().cpus[cpu.index()].resume_gen == generation {
+                    if self.w().cpus[cpu.index()].resume_gen == generation
+                        && !self.spin_recheck(cpu)
+                    {
                         self.poll_cpu(cpu);
                     }
                 }
@@ -122,6 +162,8 @@ impl Sim {
                 Event::DisabledWindow(cpu) => self.disabled_window(cpu, ev.0),
             }
         }
+        // The conditions point into the roots, dropped below.
+        self.0.spin_conds.borrow_mut().fill(None);
         let w = self.w();
         let mut oracle = w.oracle.report();
         let result = SimResult {

@@ -5,6 +5,25 @@
 use super::executor::Wake;
 use super::*;
 
+/// A spinner's next wake-up: the first iteration boundary at or after the
+/// next kernel event, or `None` past the bound.
+#[inline]
+pub(super) fn spin_next_wake(w: &World, since: Cycles, step: u64, bound: u64) -> Option<Cycles> {
+    let now = w.now();
+    let done = (now - since).0 / step;
+    if done > bound {
+        None
+    } else {
+        let target = match w.queue.peek_time() {
+            Some(t) if t > now => t,
+            Some(_) => now + Cycles(1),
+            None => since + Cycles((bound + 1) * step),
+        };
+        let k = (target - since).0.div_ceil(step).max(done + 1);
+        Some(since + Cycles(k * step))
+    }
+}
+
 impl Sim {
     /// Suspends a spinning coroutine until `at` (its wake-up goes to the
     /// spinners' own queue).
@@ -150,22 +169,7 @@ impl Sim {
             // The next kernel event is the first time the condition can
             // change (user slices never change kernel state; kernel work a
             // slice starts re-arms this spinner in `spawn`).
-            let wake = {
-                let w = self.w();
-                let now = w.now();
-                let done = (now - since).0 / step;
-                if done > bound {
-                    None
-                } else {
-                    let target = match w.queue.peek_time() {
-                        Some(t) if t > now => t,
-                        Some(_) => now + Cycles(1),
-                        None => since + Cycles((bound + 1) * step),
-                    };
-                    let k = (target - since).0.div_ceil(step).max(done + 1);
-                    Some(since + Cycles(k * step))
-                }
-            };
+            let wake = spin_next_wake(&self.w(), since, step, bound);
             let Some(wake) = wake else {
                 {
                     let mut w = self.w();
@@ -182,7 +186,20 @@ impl Sim {
                 return;
             };
             self.w().spinners[cpu.index()] = Some((wake, since, step));
+            {
+                let c: &(dyn Fn(&World) -> bool + '_) = &cond;
+                // SAFETY: only the lifetime is erased. `cond` lives in this
+                // future, which is boxed and pinned in its CPU's root while
+                // it sleeps below; the entry is cleared as soon as the
+                // sleep returns, before `cond` can move or drop, and the
+                // event loop reads it only while the sleep is pending (and
+                // `run` clears them all before the roots are dropped).
+                let c: *const (dyn Fn(&World) -> bool + 'static) =
+                    unsafe { std::mem::transmute(c as *const (dyn Fn(&World) -> bool + '_)) };
+                self.0.spin_conds.borrow_mut()[cpu.index()] = Some(SpinCond { cond: c, bound });
+            }
             self.spin_sleep_until(cpu, wake).await;
+            self.0.spin_conds.borrow_mut()[cpu.index()] = None;
             self.w().spinners[cpu.index()] = None;
             if self.w().cpus[cpu.index()].takeable().is_some() {
                 // The handler changes kernel state outside any event the
