@@ -59,7 +59,7 @@ impl Spin {
     /// For the calling thread: no polling at all when `window` is zero or
     /// the thread may run on one CPU only.
     pub(crate) fn new(window: Duration) -> Spin {
-        let window = if thread_cpus() >= 2 {
+        let window = if thread_cpus() >= 2 && env_mode() != EnvMode::Off {
             window
         } else {
             Duration::ZERO
@@ -81,7 +81,8 @@ impl Spin {
             return Ok(None);
         }
         let start = Instant::now();
-        if self.cool_until.is_some_and(|t| start < t) || !cpus_idle() {
+        let gated = env_mode() != EnvMode::Always;
+        if self.cool_until.is_some_and(|t| start < t) || (gated && !cpus_idle()) {
             return Ok(None);
         }
         self.cool_until = None;
@@ -109,6 +110,25 @@ impl Spin {
     pub(crate) fn waited(&mut self, waited: Duration) {
         self.hot = !self.window.is_zero() && waited <= self.window;
     }
+}
+
+/// `MMULAB_DSM_SPIN`, for measuring the polling itself with one build:
+/// `off` never polls, `always` polls without the pressure gate (the other
+/// gates stay); unset or anything else: as documented above.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EnvMode {
+    Gated,
+    Off,
+    Always,
+}
+
+fn env_mode() -> EnvMode {
+    static MODE: std::sync::OnceLock<EnvMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("MMULAB_DSM_SPIN").as_deref() {
+        Ok("off") => EnvMode::Off,
+        Ok("always") => EnvMode::Always,
+        _ => EnvMode::Gated,
+    })
 }
 
 /// Polling is allowed only while tasks seldom wait for a CPU: the
