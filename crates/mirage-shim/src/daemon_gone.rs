@@ -17,8 +17,9 @@
 //!   without a fault, as on the mprotect path.
 //!
 //! The daemon's socket closes at once when its process dies (kill -9
-//! included) or stops, so the next fault fails at once, well within the
-//! heartbeat timeout.
+//! included) or exits, so the next fault fails at once, well within the
+//! heartbeat timeout. A daemon stopped by SIGSTOP keeps its socket open:
+//! its programs wait until it resumes (docs/dsm.md, "A stopped daemon").
 
 use crate::uffd::{self, Uffd};
 

@@ -15,6 +15,7 @@ use super::core_loop::CoreLoop;
 use super::fault::{self, FaultRecord, RECORD_BYTES};
 use super::local::{Client, proto};
 use super::node::{Shared, seg_name, stamp};
+use super::spin::Spin;
 use crate::core::{Access, Event, Held, PageNo, ProcessId, SegmentId, SiteId};
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -81,11 +82,25 @@ impl Waiter {
     }
 }
 
+/// The next fault of `uffd`: polled for first while faults come close
+/// together ([`Spin`]), then waited for (200 ms at most, so that a stop
+/// is noticed).
+fn next_fault(uffd: &super::uffd::Uffd, spin: &mut Spin) -> std::io::Result<Option<(usize, bool)>> {
+    let start = Instant::now();
+    let got = match spin.poll(|| uffd.try_fault())? {
+        Some(f) => Some(f),
+        None => uffd.next_fault(200)?,
+    };
+    spin.waited(start.elapsed());
+    Ok(got)
+}
+
 /// The userfaultfd path's fault thread: events to the core, as records.
 pub(crate) fn uffd_reader(shared: Arc<Shared>, uffd: Arc<super::uffd::Uffd>) {
     let ps = super::page_size();
+    let mut spin = Spin::new(shared.options.spin);
     while !shared.stopping.load(Ordering::SeqCst) {
-        let (addr, write) = match uffd.next_fault(200) {
+        let (addr, write) = match next_fault(&uffd, &mut spin) {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(_) => break,
@@ -113,8 +128,9 @@ pub(crate) fn remote_uffd_reader(
     uffd: Arc<super::uffd::Uffd>,
 ) {
     let ps = super::page_size();
+    let mut spin = Spin::new(shared.options.spin);
     while !shared.stopping.load(Ordering::SeqCst) && !client.gone() {
-        let (addr, write) = match uffd.next_fault(200) {
+        let (addr, write) = match next_fault(&uffd, &mut spin) {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(_) => break,

@@ -21,6 +21,7 @@
 //! - [`sysv`] — Linux's rules it follows: ids, permissions, limits, `SHM_HUGETLB`.
 //! - [`creds`] — who is calling: a request's credentials, as the kernel checks them.
 //! - [`bench`](mod@bench) — remote-fault latency beside the loopback limit.
+//! - [`spin`] — the fault path's threads poll briefly before they sleep.
 //! - [`sweep`] — the bench's Δ sweeps, one process per site, each pinned to a core.
 //! - [`cli`] — clap-free entry points for `mmulab dsm site` and `mmulab dsm bench`.
 //!
@@ -47,6 +48,7 @@ pub mod node;
 pub(crate) mod peer;
 pub mod proxy;
 pub mod shm;
+pub(crate) mod spin;
 pub mod sweep;
 pub mod sysv;
 pub mod uffd;

@@ -96,6 +96,14 @@ pub struct NodeOptions {
     pub handshake_timeout: Duration,
     /// userfaultfd or mprotect + SIGSEGV for this process's mappings.
     pub fault_path: fault::FaultPath,
+    /// How long a fault-path thread (a userfaultfd reader, a peer's
+    /// socket reader) polls for its next input before it sleeps, while
+    /// its inputs come at most this far apart ([`super::spin`]); zero:
+    /// never. [A] 200 µs: above a remote fault's whole cycle on this
+    /// machine (~40-100 µs), so that a thread on a busy fault path stays
+    /// awake from one fault to the next, and short enough that a thread
+    /// whose inputs stop burns at most that once.
+    pub spin: Duration,
     /// A deliberately broken runtime, for negative controls only.
     pub mutation: RuntimeMutation,
 }
@@ -124,6 +132,7 @@ impl Default for NodeOptions {
             checkin_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             fault_path: fault::FaultPath::Auto,
+            spin: Duration::from_micros(200),
             mutation: RuntimeMutation::None,
         }
     }

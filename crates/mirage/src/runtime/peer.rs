@@ -34,7 +34,8 @@ pub(crate) fn serve_inbound(
     let name = format!("site {} ({addr})", hello.name);
     let site = hello.site;
     shared.heard(site, Some(hello.incarnation));
-    let buffered = std::io::BufReader::with_capacity(64 * 1024, stream);
+    let spinning = super::spin::SpinRead::new(stream, shared.options.spin);
+    let buffered = std::io::BufReader::with_capacity(64 * 1024, spinning);
     let mut reader = Opener::new(buffered, est.opener);
     let why = loop {
         match wire::read_frame(&mut reader, &limits) {

@@ -174,6 +174,11 @@ impl Uffd {
         if n <= 0 {
             return Ok(None);
         }
+        self.try_fault()
+    }
+
+    /// One page-fault event if one is queued now (never sleeps).
+    pub fn try_fault(&self) -> io::Result<Option<(usize, bool)>> {
         let mut msg = std::mem::MaybeUninit::<g::uffd_msg>::zeroed();
         let size = std::mem::size_of::<g::uffd_msg>();
         // SAFETY: reading one uffd_msg into a buffer of its size.
