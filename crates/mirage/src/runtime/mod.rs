@@ -47,6 +47,7 @@ pub mod node;
 pub(crate) mod peer;
 pub mod proxy;
 pub mod shm;
+pub mod status;
 pub mod sweep;
 pub mod sysv;
 pub mod uffd;
