@@ -128,8 +128,27 @@ pub struct NSiteSpec {
 pub fn parse<T: for<'de> Deserialize<'de>>(file: &str, text: &str) -> Result<T, Error> {
     toml::from_str(text).map_err(|e| Error::Spec {
         file: file.into(),
-        message: e.to_string(),
+        message: clip_lines(&e.to_string()),
     })
+}
+
+/// The most characters of one line of a parse error: the line of the spec
+/// it quotes is cut, as every echo of input is (issue 24).
+const ECHO_CHARS: usize = 200;
+
+fn clip_lines(msg: &str) -> String {
+    msg.split('\n')
+        .map(|l| {
+            let n = l.chars().count();
+            if n <= ECHO_CHARS {
+                l.to_string()
+            } else {
+                let head: String = l.chars().take(ECHO_CHARS).collect();
+                format!("{head}… ({n} characters)")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Where the specs live under the experiments: `fleisch89/paper-data/`.
@@ -268,8 +287,9 @@ fn check_deltas(file: &str, key: &str, v: &[u32]) -> Result<(), Error> {
     }
 }
 
-/// Refuses an estimate above [`MAX_WORK`], naming the key that drives it.
-fn check_work(file: &str, key: &str, work: f64) -> Result<(), Error> {
+/// Refuses an estimate above [`MAX_WORK`], naming the key that drives it
+/// and the product (`how`) it came from.
+fn check_work(file: &str, key: &str, work: f64, how: &str) -> Result<(), Error> {
     if work <= MAX_WORK as f64 {
         Ok(())
     } else {
@@ -277,7 +297,7 @@ fn check_work(file: &str, key: &str, work: f64) -> Result<(), Error> {
             file,
             key,
             &format!(
-                "about {work:.1e} simulated operations, above the budget of {:.0e} (the other specs' --max-work default)",
+                "about {work:.1e} simulated operations ({how}), above the budget of {:.0e} (the other specs' --max-work default)",
                 MAX_WORK as f64
             ),
         ))
@@ -310,13 +330,16 @@ impl WorstCaseSpec {
         check_tolerance(file, "count_tolerance_pct", self.count_tolerance_pct)?;
         check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
         // A distributed and two single-site runs per seed.
-        let work = |trials: u64, seeds: u64| 3.0 * (trials * seeds * EVENTS_PER_CYCLE) as f64;
-        check_work(file, "trials", work(self.trials, self.seeds))?;
-        check_work(
-            file,
-            "quick_trials",
-            work(self.quick_trials, self.quick_seeds),
-        )
+        let check = |key: &str, trials: u64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                3.0 * (trials * seeds * EVENTS_PER_CYCLE) as f64,
+                &format!("3 runs x {trials} trials x {seeds} seeds x {EVENTS_PER_CYCLE} each"),
+            )
+        };
+        check("trials", self.trials, self.seeds)?;
+        check("quick_trials", self.quick_trials, self.quick_seeds)
     }
 }
 
@@ -339,18 +362,22 @@ impl Fig7Spec {
         }
         check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
         // Each Δ with and without yield.
-        let work = |deltas: usize, trials: u64, seeds: u64| {
-            2.0 * deltas as f64 * (trials * seeds * EVENTS_PER_CYCLE) as f64
+        let check = |key: &str, deltas: usize, trials: u64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                2.0 * deltas as f64 * (trials * seeds * EVENTS_PER_CYCLE) as f64,
+                &format!(
+                    "2 x {deltas} Δ x {trials} trials x {seeds} seeds x {EVENTS_PER_CYCLE} each"
+                ),
+            )
         };
-        check_work(
-            file,
-            "trials",
-            work(self.deltas.len(), self.trials, self.seeds),
-        )?;
-        check_work(
-            file,
+        check("trials", self.deltas.len(), self.trials, self.seeds)?;
+        check(
             "quick_trials",
-            work(self.quick_deltas.len(), self.quick_trials, self.quick_seeds),
+            self.quick_deltas.len(),
+            self.quick_trials,
+            self.quick_seeds,
         )
     }
 }
@@ -386,18 +413,22 @@ impl Fig8Spec {
         check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
         check_count(file, "seeds", self.seeds)?;
         check_count(file, "quick_seeds", self.quick_seeds)?;
-        let work = |deltas: usize, loop_s: f64, seeds: u64| {
-            deltas as f64 * seeds as f64 * loop_s * EVENTS_PER_SECOND
+        let check = |key: &str, deltas: usize, loop_s: f64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                deltas as f64 * seeds as f64 * loop_s * EVENTS_PER_SECOND,
+                &format!(
+                    "{deltas} Δ x {seeds} seeds x {loop_s} s x {EVENTS_PER_SECOND:.0e} a second"
+                ),
+            )
         };
-        check_work(
-            file,
-            "loop_s",
-            work(self.deltas.len(), self.loop_s, self.seeds),
-        )?;
-        check_work(
-            file,
+        check("loop_s", self.deltas.len(), self.loop_s, self.seeds)?;
+        check(
             "quick_loop_s",
-            work(self.quick_deltas.len(), self.quick_loop_s, self.quick_seeds),
+            self.quick_deltas.len(),
+            self.quick_loop_s,
+            self.quick_seeds,
         )?;
         check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
         check_tolerance(
@@ -455,17 +486,16 @@ impl NSiteSpec {
         check_count(file, "rounds", self.rounds)?;
         check_count(file, "quick_rounds", self.quick_rounds)?;
         // Each round passes the token through every site.
-        let work = |sites: &[u64], rounds: u64| {
-            sites
-                .iter()
-                .map(|n| (n * rounds * EVENTS_PER_CYCLE) as f64)
-                .sum::<f64>()
+        let check = |key: &str, sites: &[u64], rounds: u64| {
+            let total: u64 = sites.iter().sum();
+            check_work(
+                file,
+                key,
+                (total * rounds * EVENTS_PER_CYCLE) as f64,
+                &format!("{total} sites in all x {rounds} rounds x {EVENTS_PER_CYCLE} each"),
+            )
         };
-        check_work(file, "rounds", work(&self.sites, self.rounds))?;
-        check_work(
-            file,
-            "quick_rounds",
-            work(&self.quick_sites, self.quick_rounds),
-        )
+        check("rounds", &self.sites, self.rounds)?;
+        check("quick_rounds", &self.quick_sites, self.quick_rounds)
     }
 }
