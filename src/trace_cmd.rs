@@ -298,11 +298,20 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             }
         }
         TraceCommand::Capture { out, json, command } => {
+            // Ctrl-C at a terminal reaches Valgrind too (one process
+            // group): the command ends, and what it traced until then is
+            // parsed and kept (exit 130), as after any exit of the command.
+            ui::stop_on_ctrl_c();
             let spin = ui::Spinner::new(&format!("capturing {}", command.join(" ")));
             let s = mmulab_trace::capture::capture(&out, &command);
             spin.finish();
             let s = s.map_err(err)?;
             warn_all(&s.warnings);
+            if ui::stopped() {
+                eprintln!(
+                    "mmulab: capture stopped by Ctrl-C: the traces cover the command until then"
+                );
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -322,6 +331,9 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                         p.trace_bytes
                     );
                 }
+            }
+            if ui::stopped() {
+                return Ok(ExitCode::from(130));
             }
         }
         TraceCommand::Convert {
@@ -360,6 +372,9 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 FormatArg::Xdin => ExportFormat::Xdin,
                 FormatArg::Din => ExportFormat::Din,
             };
+            // A terminal's spinner on stderr; the references go to stdout
+            // or -o.
+            let spin = ui::Spinner::new(&format!("trace export: reading {}", trace.display()));
             let warnings = match &out {
                 None => {
                     let stdout = std::io::stdout();
@@ -381,6 +396,7 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                     warnings
                 }
             };
+            spin.finish();
             warn_all(&warnings);
         }
         TraceCommand::Bench { log, json } => {
@@ -444,8 +460,10 @@ fn r2000_sim(
     use mmulab_swtlb::os::OsKind as R2000Os;
     use mmulab_swtlb::r2000;
     let os = R2000Os::from_key(os.key()).expect("every --os value is an OS");
-    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed)
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let spin = ui::Spinner::new(&format!("trace sim --r2000: reading {}", trace.display()));
+    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed);
+    spin.finish();
+    let o = o.map_err(|e| anyhow::anyhow!(e))?;
     if json {
         println!("{}", serde_json::to_string(&o)?);
     } else {

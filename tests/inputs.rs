@@ -481,6 +481,64 @@ fn ctrl_c_stops_dsm_bench_with_what_was_measured() {
     assert!(err.contains("dsm bench stopped by Ctrl-C"), "{err}");
 }
 
+/// Ctrl-C during `trace capture`, at a terminal: the whole process group
+/// (mmulab, Valgrind, the command) gets it; the command's trace until then
+/// is kept at -o (exit 130). Skipped without Valgrind.
+#[test]
+fn ctrl_c_stops_a_capture_and_keeps_the_trace() {
+    use std::os::unix::process::CommandExt;
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        eprintln!("skipped: valgrind is not installed");
+        return;
+    }
+    let d = tmp("ctrlc-capture");
+    let out = d.join("t.mmutrace");
+    let child = Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args([
+            "trace",
+            "capture",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(4000));
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("capture stopped by Ctrl-C"),
+        "{}",
+        stderr(&o)
+    );
+    let (refs, _) = sim(&out, "4096");
+    assert!(refs > 0);
+    let left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("t.mmutrace")],
+        "no temporary file left"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// A simulated memory that runs out stops the run with a named failure
 /// (it panicked at vm.rs:429), and the verdict is negative: exit 1.
 #[test]
