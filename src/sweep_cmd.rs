@@ -196,13 +196,16 @@ fn execute(sweep: &Sweep, label: &str, out: PathBuf, a: Opts) -> anyhow::Result<
             if crate::ui::stopped() && left > 0 {
                 say!(
                     a.json,
-                    "sweep {}: {what}; stopped by Ctrl-C after {} task(s) ({} done before), {left} not run; they are kept in {}: go on with `mmulab sweep {} --out {} --resume`",
+                    "sweep {}: {what}; stopped by Ctrl-C after {} task(s) ({} done before), {left} not run; they are kept in {}: go on with `mmulab sweep {} --out {}{} --resume`",
                     path,
                     r.ran,
                     r.skipped,
                     dir.path.display(),
                     path,
-                    dir.path.display()
+                    dir.path.display(),
+                    a.shard
+                        .map(|s| format!(" --shard {}/{}", s.index, s.count))
+                        .unwrap_or_default()
                 );
                 return Ok(ExitCode::from(130));
             }
