@@ -272,8 +272,12 @@ enum DsmCommand {
         /// The site to ask (default: the first).
         #[arg(long)]
         site: Option<String>,
-        /// Print {config, site, status} as JSON, the daemon's status text
-        /// as a list of lines.
+        /// Print the status as JSON: {site, id, cluster, incarnation,
+        /// sites: [{name, addr, state, dead_reason, connection,
+        /// heard_ms_ago, incarnation}], segments: [{segment, library,
+        /// pages, held_write, held_read, held_none, attaches, programs}],
+        /// lost_pages, semantics, shmids: [{shmid, key, removed, segment,
+        /// bytes, uid, gid, mode, nattch}], truncated}.
         #[arg(long)]
         json: bool,
     },
@@ -292,7 +296,8 @@ enum DsmCommand {
     /// cluster.toml's `key_file`; never overwrites a file.
     Keygen {
         /// The key file to create (refused if it exists).
-        #[arg(short = 'o', long = "out", value_name = "FILE")]
+        /// `--out` is the old name of this flag.
+        #[arg(short = 'o', long = "output", alias = "out", value_name = "FILE")]
         out: PathBuf,
     },
     /// A TCP proxy that injects faults between sites (delay, loss, cuts),
@@ -400,6 +405,22 @@ fn main() -> ExitCode {
                 .is_some_and(|e| !e.is_bad_input());
             ExitCode::from(if ran { 1 } else { 2 })
         }
+    }
+}
+
+/// A host measurement stopped by Ctrl-C before its baseline has nothing to
+/// print: exit 130 at once. Other errors pass.
+fn host_stopped(
+    r: Result<mmulab_host::HostReport, mmulab_host::HostError>,
+) -> anyhow::Result<mmulab_host::HostReport> {
+    match r {
+        Err(mmulab_host::HostError::Interrupted) => {
+            eprintln!(
+                "mmulab: stopped by Ctrl-C before the baseline was measured; nothing to report"
+            );
+            std::process::exit(130)
+        }
+        r => Ok(r?),
     }
 }
 
@@ -707,20 +728,28 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             opts.pages = pages;
             opts.reps = reps;
             opts.validate()?;
+            let stop = ui::stop_on_ctrl_c();
             let pb = ui::bar(1, "host shootdown");
-            let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
-                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
-                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
-                mmulab_host::Progress::Point { threads, op, .. } => {
-                    pb.set_message(format!("{op}, {threads} responder(s)"))
-                }
-                mmulab_host::Progress::Note(n) if json && !ui::quiet() => {
-                    pb.println(format!("note: {n}"))
-                }
-                _ => {}
-            })?;
+            let report = mmulab_host::run_shootdown_until(
+                &opts,
+                &mut |p| match p {
+                    mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
+                    mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
+                    mmulab_host::Progress::Point { threads, op, .. } => {
+                        pb.set_message(format!("{op}, {threads} responder(s)"))
+                    }
+                    mmulab_host::Progress::Note(n) if json && !ui::quiet() => {
+                        pb.println(format!("note: {n}"))
+                    }
+                    _ => {}
+                },
+                Some(&stop),
+            );
             pb.finish_and_clear();
-            if let Some(path) = &calibration_out {
+            let report = host_stopped(report)?;
+            // A report cut short by Ctrl-C is printed, but no calibration
+            // is written from it.
+            if let Some(path) = calibration_out.as_ref().filter(|_| !ui::stopped()) {
                 std::fs::write(path, mmulab_host::preset_components(&report).to_toml())
                     .with_context(|| format!("writing {}", path.display()))?;
             }
@@ -745,13 +774,30 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             opts.reps = reps;
             opts.validate()?;
+            let stop = ui::stop_on_ctrl_c();
             let pb = ui::bar(1, "host preset: measuring");
-            let report = mmulab_host::run_shootdown(&opts, &mut |p| match p {
-                mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
-                mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
-                _ => {}
-            })?;
+            let report = mmulab_host::run_shootdown_until(
+                &opts,
+                &mut |p| match p {
+                    mmulab_host::Progress::Plan { total_reps, .. } => pb.set_length(total_reps),
+                    mmulab_host::Progress::Rep { done, .. } => pb.set_position(done),
+                    _ => {}
+                },
+                Some(&stop),
+            );
             pb.finish_and_clear();
+            let report = host_stopped(report)?;
+            if ui::stopped() {
+                // No preset from a measurement cut short: the points
+                // measured are printed, and nothing is written.
+                if json {
+                    println!("{}", report.to_json());
+                } else {
+                    print!("{}", mmulab_host::format_report(&report));
+                }
+                ui::note(format!("mmulab: {} was not written", out.display()));
+                return Ok(verdict(true));
+            }
             let cal = mmulab_host::preset_components(&report);
             let fit = cal.fit.ok_or_else(|| {
                 anyhow::anyhow!(
@@ -846,21 +892,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(code.clamp(0, 255) as u8))
         }
         Command::Dsm(DsmCommand::Status { config, site, json }) => {
-            let text = mmulab_mirage::runtime::cli::status(&config, site.as_deref())
+            let status = mmulab_mirage::runtime::cli::status(&config, site.as_deref())
                 .map_err(|e| mmulab_experiment::SpecError::Invalid(e.to_string()))?;
             if json {
-                // The daemon answers with text; its lines are passed on
-                // as they are.
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "config": config.display().to_string(),
-                        "site": site,
-                        "status": text.lines().collect::<Vec<_>>(),
-                    })
-                );
+                // The daemon's status as it sent it: named fields
+                // (runtime::status::SiteStatus).
+                println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print!("{text}");
+                print!("{}", status.render());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -910,13 +949,33 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Dsm(DsmCommand::Bench { quick, json }) => {
             // The sweep reports no steps: a spinner with the time so far.
             let spin = ui::Spinner::new("dsm bench: remote faults and Δ sweeps");
-            let report = mmulab_mirage::runtime::cli::run_bench(quick);
+            // Ctrl-C: the bench stops at its next fault or sweep point and
+            // reports what it measured (exit 130).
+            let stop = ui::stop_on_ctrl_c();
+            let report = mmulab_mirage::runtime::cli::run_bench_until(quick, &stop);
             spin.finish();
-            let report = report?;
+            let report = match report {
+                Err(mmulab_mirage::runtime::bench::BenchError::Interrupted) => {
+                    eprintln!(
+                        "mmulab: stopped by Ctrl-C before a remote fault was timed; nothing to report"
+                    );
+                    return Ok(ExitCode::from(130));
+                }
+                r => r?,
+            };
             if json {
                 println!("{}", report.to_json());
             } else {
                 print!("{}", report.render());
+            }
+            if ui::stopped() {
+                eprintln!(
+                    "mmulab: dsm bench stopped by Ctrl-C: {} remote faults timed, {} ping-pong and {} read-writer points measured (the shapes judge only these)",
+                    report.faults_timed,
+                    report.pingpong.len(),
+                    report.read_writers.len()
+                );
+                return Ok(ExitCode::from(130));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -1115,6 +1174,42 @@ mod tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "mmulab", &mut missing);
         assert!(missing.is_empty(), "no help text: {missing:#?}");
+    }
+
+    /// One output-flag convention (docs/cli.md): `--out DIR` writes a
+    /// folder, `-o/--output FILE` one file, on every command (`dsm keygen
+    /// --out FILE`, `trace capture -o` without a long name, and `host
+    /// preset -o/--output` disagreed).
+    #[test]
+    fn output_flags_follow_one_convention() {
+        fn walk(cmd: &clap::Command, path: &str, wrong: &mut Vec<String>, files: &mut usize) {
+            for a in cmd.get_arguments() {
+                let long = a.get_long();
+                let names: Vec<String> = a
+                    .get_value_names()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect();
+                let id = a.get_id().as_str();
+                if a.get_short() == Some('o') || long == Some("output") {
+                    *files += 1;
+                    if a.get_short() != Some('o') || long != Some("output") || names != ["FILE"] {
+                        wrong.push(format!("{path} {id}: -o/--output FILE"));
+                    }
+                }
+                if long == Some("out") && names != ["DIR"] {
+                    wrong.push(format!("{path} {id}: --out takes a DIR, not {names:?}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), wrong, files);
+            }
+        }
+        let (mut wrong, mut files) = (Vec::new(), 0);
+        walk(&Cli::command(), "mmulab", &mut wrong, &mut files);
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        assert_eq!(files, 5, "capture, convert, export, keygen, host preset");
     }
 
     /// Closed sets are clap value enums: their choices are listed and a

@@ -58,35 +58,90 @@ fn provenance() -> mmulab_report::Provenance {
     }
 }
 
-/// Runs one paper; its figures go to `out`.
+/// A paper that Ctrl-C stopped: the steps it finished, and the one it was
+/// in. Its rows are assembled only when every step has run, so none are
+/// kept.
+struct Stopped {
+    paper: &'static str,
+    done: Vec<String>,
+    cut: Option<String>,
+}
+
+impl Stopped {
+    fn note(&self) -> String {
+        let done = if self.done.is_empty() {
+            "none".to_string()
+        } else {
+            self.done.join("; ")
+        };
+        format!(
+            "mmulab: {}: stopped by Ctrl-C in step `{}`; steps finished: {done}. A paper's rows are assembled from all its steps, so this paper has none (the papers before it are kept)",
+            self.paper,
+            self.cut.as_deref().unwrap_or("starting")
+        )
+    }
+}
+
+/// Runs one paper; its figures go to `out`. `Ok(Err(_))` when Ctrl-C
+/// stopped it.
 fn run_one(
     paper: Paper,
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
-) -> anyhow::Result<(ReproReport, String)> {
+) -> anyhow::Result<Result<(ReproReport, String), Stopped>> {
     use mmulab_experiment::reproduce as r;
     // On a terminal a spinner shows the step and the time so far;
     // elsewhere each step is a line on stderr (unless --quiet).
     let spin = crate::ui::Spinner::new(&format!("{}: starting", paper.name()));
-    let progress = |m: &str| spin.step(&format!("{}: {m}", paper.name()));
-    let mut epilogue = String::new();
-    let table: ReproTable = match paper {
-        Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
-        Paper::Balan92 => r::balan92::reproduce(src, quick, out, &progress)?,
-        Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
-        Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, &progress)?,
-        Paper::Fleisch89 => {
-            let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
-            epilogue = mmulab_mirage::cli::reproduce_epilogue();
-            t
+    // The steps begun, for the note when Ctrl-C stops the paper.
+    let steps = std::sync::Mutex::new(Vec::<String>::new());
+    // Ctrl-C is seen at the next step and at the next seed (which also
+    // stops inside its simulation): either unwinds with `Cancelled`, caught
+    // below.
+    let progress = |m: &str| {
+        if crate::ui::stopped() {
+            std::panic::resume_unwind(Box::new(mmulab_experiment::run::Cancelled));
         }
-        Paper::All => unreachable!("`all` is split into papers"),
+        steps.lock().expect("steps").push(m.to_string());
+        spin.step(&format!("{}: {m}", paper.name()));
     };
+    let mut epilogue = String::new();
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        anyhow::Ok(match paper {
+            Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
+            Paper::Balan92 => r::balan92::reproduce(src, quick, out, &progress)?,
+            Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
+            Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, &progress)?,
+            Paper::Fleisch89 => {
+                let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
+                epilogue = mmulab_mirage::cli::reproduce_epilogue();
+                t
+            }
+            Paper::All => unreachable!("`all` is split into papers"),
+        })
+    }));
     spin.finish();
+    let table: ReproTable = match ran {
+        Ok(t) => t?,
+        Err(payload) if payload.is::<mmulab_experiment::run::Cancelled>() => {
+            let steps = steps.into_inner().expect("steps");
+            let (done, cut) = match steps.split_last() {
+                Some((last, done)) => (done.to_vec(), Some(last.clone())),
+                None => (Vec::new(), None),
+            };
+            return Ok(Err(Stopped {
+                paper: paper.name(),
+                done,
+                cut,
+            }));
+        }
+        Err(payload) => std::panic::resume_unwind(payload),
+    };
+
     let report = ReproReport::new(paper.name(), table, quick, &provenance())
         .context("a reproduction broke the row contract")?;
-    Ok((report, epilogue))
+    Ok(Ok((report, epilogue)))
 }
 
 /// The figures a paper wrote to `dir`: `PAPER-fig*.svg`, sorted.
@@ -127,16 +182,24 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
-    // Ctrl-C ends the run after the paper in progress: the papers done
-    // are printed and written as usual (a paper's own sweeps do not stop
-    // halfway, so no report is ever half a paper).
-    crate::ui::stop_on_ctrl_c();
+    // Ctrl-C stops the paper in progress at its next seed or step (a seed
+    // running stops inside its simulation): the papers done are printed
+    // and written as usual, and the one stopped is named with the steps
+    // it finished (no report is ever half a paper).
+    let stop = crate::ui::stop_on_ctrl_c();
+    mmulab_experiment::run::cancel_seeds_on(stop);
     let mut reports = Vec::new();
     for &p in &papers {
         if crate::ui::stopped() {
             break;
         }
-        let (report, epilogue) = run_one(p, &src, args.quick, args.out.as_deref())?;
+        let (report, epilogue) = match run_one(p, &src, args.quick, args.out.as_deref())? {
+            Ok(r) => r,
+            Err(stopped) => {
+                eprintln!("{}", stopped.note());
+                break;
+            }
+        };
         if !args.json {
             print!("{}", report.render());
             print!("{epilogue}");

@@ -177,11 +177,38 @@ fn execute(sweep: &Sweep, label: &str, out: PathBuf, a: Opts) -> anyhow::Result<
                 jobs,
                 shard: a.shard,
             };
-            let r = mmulab_sweep::run_local(sweep, &dir, &manifest, &opts, &|done, of| {
-                pb.set_length(of as u64);
-                pb.set_position(done as u64);
-            })?;
+            // Ctrl-C: no further task starts; those running finish and
+            // are recorded, so `--resume` goes on from there.
+            let stop = crate::ui::stop_on_ctrl_c();
+            let r = mmulab_sweep::run_local_until(
+                sweep,
+                &dir,
+                &manifest,
+                &opts,
+                &|done, of| {
+                    pb.set_length(of as u64);
+                    pb.set_position(done as u64);
+                },
+                Some(&stop),
+            )?;
             pb.finish_and_clear();
+            let left = r.tasks - r.skipped - r.ran;
+            if crate::ui::stopped() && left > 0 {
+                say!(
+                    a.json,
+                    "sweep {}: {what}; stopped by Ctrl-C after {} task(s) ({} done before), {left} not run; they are kept in {}: go on with `mmulab sweep {} --out {}{} --resume`",
+                    path,
+                    r.ran,
+                    r.skipped,
+                    dir.path.display(),
+                    path,
+                    dir.path.display(),
+                    a.shard
+                        .map(|s| format!(" --shard {}/{}", s.index, s.count))
+                        .unwrap_or_default()
+                );
+                return Ok(ExitCode::from(130));
+            }
             let scope = match a.shard {
                 Some(s) => format!("shard {}/{}: {} of the tasks", s.index, s.count, r.tasks),
                 None => "every task".to_string(),

@@ -132,7 +132,12 @@ pub enum TraceCommand {
     /// (one per process: FILE, FILE.PID…), parsing the logs as they are written.
     Capture {
         /// The binary trace of the command's own process.
-        #[arg(short = 'o', value_name = "FILE", default_value = "trace.mmutrace")]
+        #[arg(
+            short = 'o',
+            long = "output",
+            value_name = "FILE",
+            default_value = "trace.mmutrace"
+        )]
         out: PathBuf,
         /// Print the capture's summary as JSON.
         #[arg(long)]
@@ -149,7 +154,7 @@ pub enum TraceCommand {
         /// The text trace.
         log: PathBuf,
         /// The binary trace to write.
-        #[arg(short = 'o', value_name = "FILE")]
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
         out: PathBuf,
         /// The binary trace's base page size in bytes.
         #[arg(long, default_value_t = 4096)]
@@ -173,7 +178,7 @@ pub enum TraceCommand {
         page_size: u64,
         /// Write to FILE (written beside it and renamed when complete)
         /// instead of stdout.
-        #[arg(short = 'o', value_name = "FILE")]
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
         out: Option<PathBuf>,
         #[command(flatten)]
         read: ReadArgs,
@@ -183,6 +188,10 @@ pub enum TraceCommand {
         /// A lackey log to measure on (default: capture gzip under Valgrind,
         /// or a synthetic log when that fails).
         log: Option<PathBuf>,
+        /// Print the report as JSON (every run, wall and CPU medians)
+        /// instead of the table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -289,11 +298,20 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             }
         }
         TraceCommand::Capture { out, json, command } => {
+            // Ctrl-C at a terminal reaches Valgrind too (one process
+            // group): the command ends, and what it traced until then is
+            // parsed and kept (exit 130), as after any exit of the command.
+            ui::stop_on_ctrl_c();
             let spin = ui::Spinner::new(&format!("capturing {}", command.join(" ")));
             let s = mmulab_trace::capture::capture(&out, &command);
             spin.finish();
             let s = s.map_err(err)?;
             warn_all(&s.warnings);
+            if ui::stopped() {
+                eprintln!(
+                    "mmulab: capture stopped by Ctrl-C: the traces cover the command until then"
+                );
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -313,6 +331,9 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                         p.trace_bytes
                     );
                 }
+            }
+            if ui::stopped() {
+                return Ok(ExitCode::from(130));
             }
         }
         TraceCommand::Convert {
@@ -351,6 +372,9 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                 FormatArg::Xdin => ExportFormat::Xdin,
                 FormatArg::Din => ExportFormat::Din,
             };
+            // A terminal's spinner on stderr; the references go to stdout
+            // or -o.
+            let spin = ui::Spinner::new(&format!("trace export: reading {}", trace.display()));
             let warnings = match &out {
                 None => {
                     let stdout = std::io::stdout();
@@ -372,9 +396,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
                     warnings
                 }
             };
+            spin.finish();
             warn_all(&warnings);
         }
-        TraceCommand::Bench { log } => {
+        TraceCommand::Bench { log, json } => {
             let mut o = BenchOptions::default();
             if let Some(p) = log {
                 o.workload = Workload::Lackey(p);
@@ -383,7 +408,43 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<ExitCode> {
             let r = bench(&o);
             spin.finish();
             let r = r.map_err(err)?;
-            println!("{}", serde_json::to_string_pretty(&r)?);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "trace bench: {}; {} page references ({} bytes of log, {} of binary trace)",
+                    r.workload, r.refs, r.lackey_bytes, r.binary_bytes
+                );
+                let mut t = mmulab_report::Table::new(&[
+                    "rate",
+                    "median (wall)",
+                    "median (CPU)",
+                    "unit",
+                    "target (CPU)",
+                    "meets",
+                ]);
+                for (name, rate) in [
+                    ("lackey decode", &r.decode),
+                    ("binary read", &r.binary_read),
+                    ("Mattson pass", &r.mattson),
+                    ("sweep", &r.sweep),
+                    ("Mattson from the binary file", &r.mattson_from_binary_file),
+                ] {
+                    t.row(vec![
+                        name.to_string(),
+                        format!("{:.1}", rate.median),
+                        format!("{:.1}", rate.median_cpu),
+                        rate.unit.to_string(),
+                        format!("{:.1}", rate.target),
+                        if rate.meets_target { "yes" } else { "no" }.to_string(),
+                    ]);
+                }
+                print!("{}", t.render());
+                println!(
+                    "sweep: {} configurations; misses of a 64-entry fully associative LRU TLB: {}",
+                    r.sweep_configs, r.misses_64_full_lru
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -399,8 +460,10 @@ fn r2000_sim(
     use mmulab_swtlb::os::OsKind as R2000Os;
     use mmulab_swtlb::r2000;
     let os = R2000Os::from_key(os.key()).expect("every --os value is an OS");
-    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed)
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let spin = ui::Spinner::new(&format!("trace sim --r2000: reading {}", trace.display()));
+    let o = r2000::simulate_trace(trace, os, &r2000::R2000Config::default(), seed);
+    spin.finish();
+    let o = o.map_err(|e| anyhow::anyhow!(e))?;
     if json {
         println!("{}", serde_json::to_string(&o)?);
     } else {

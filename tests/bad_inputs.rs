@@ -24,6 +24,9 @@ struct Case {
     stderr_max: Option<usize>,
     absent: Vec<String>,
     make: Option<(String, String, usize, String)>,
+    /// `tree: REL`: the input goes to `{tmp}/experiments/REL`, in a copy
+    /// of REL's top folder of experiments/ (for `reproduce --experiments`).
+    tree: Option<String>,
 }
 
 fn unescape(s: &str) -> String {
@@ -40,6 +43,7 @@ fn parse(name: &str, text: &str) -> Case {
         stderr_max: None,
         absent: Vec::new(),
         make: None,
+        tree: None,
     };
     for line in text.lines() {
         let line = line.trim_end();
@@ -59,6 +63,7 @@ fn parse(name: &str, text: &str) -> Case {
             "once" => c.once.push(value.to_string()),
             "stderr-max-bytes" => c.stderr_max = Some(value.parse().expect("bytes")),
             "absent" => c.absent.push(value.to_string()),
+            "tree" => c.tree = Some(value.to_string()),
             "make" => {
                 let parts: Vec<&str> = value.split('|').collect();
                 assert_eq!(parts.len(), 4, "{name}: make: PREFIX|UNIT|COUNT|SUFFIX");
@@ -110,6 +115,48 @@ fn run(c: &Case, dir: &Path, tmp: &Path) -> Outcome {
             })
             .unwrap_or_else(|| dir.join(format!("{}.missing", c.name))),
     };
+    if let Some(rel) = &c.tree {
+        fn copy(from: &Path, to: &Path) {
+            std::fs::create_dir_all(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    copy(&p, &to.join(e.file_name()));
+                } else {
+                    std::fs::copy(&p, to.join(e.file_name())).unwrap();
+                }
+            }
+        }
+        let top = rel.split('/').next().unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+        copy(&root.join(top), &tmp.join("experiments").join(top));
+        // The input's `KEY = VALUE` lines replace the shipped file's lines
+        // of those keys (or go before its first table).
+        let target = tmp.join("experiments").join(rel);
+        let mut lines: Vec<String> = std::fs::read_to_string(&target)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        let key = |l: &str| l.split_once('=').map(|(k, _)| k.trim().to_string());
+        for set in std::fs::read_to_string(&input).unwrap().lines() {
+            let Some(k) = key(set).filter(|_| !set.starts_with('#')) else {
+                continue;
+            };
+            let first_table = lines
+                .iter()
+                .position(|l| l.starts_with('['))
+                .unwrap_or(lines.len());
+            match lines[..first_table]
+                .iter()
+                .position(|l| !l.starts_with('#') && key(l).as_deref() == Some(&k))
+            {
+                Some(i) => lines[i] = set.to_string(),
+                None => lines.insert(first_table, set.to_string()),
+            }
+        }
+        std::fs::write(&target, lines.join("\n")).unwrap();
+    }
     let subst = |s: &str| {
         s.replace("{tmp}", &tmp.display().to_string())
             .replace("{}", &input.display().to_string())

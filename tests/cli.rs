@@ -615,6 +615,24 @@ fn dsm_run_pingpong_in_c_on_two_sites() {
         text.contains("site b (id 1)") && text.contains("sites:"),
         "{text}"
     );
+    // --json: the same status as named fields (it wrapped the text's
+    // lines before).
+    let st = mmulab(&["dsm", "status", "--config", cfg, "--site", "b", "--json"]);
+    assert!(st.status.success(), "{}", stderr(&st));
+    let j: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(j["site"], "b", "{j}");
+    assert_eq!(j["id"], 1);
+    let peers = j["sites"].as_array().unwrap();
+    assert_eq!(peers.len(), 2);
+    assert_eq!(
+        (peers[0]["name"].as_str(), peers[0]["state"].as_str()),
+        (Some("a"), Some("alive")),
+        "{j}"
+    );
+    assert!(peers[0]["heard_ms_ago"].is_u64() && peers[0]["addr"].is_string());
+    assert_eq!(peers[1]["state"], "this site");
+    assert_eq!(j["semantics"], "sysv");
+    assert!(j["segments"].is_array() && j["shmids"].is_array() && j["lost_pages"].is_array());
     // A clean stop on SIGTERM.
     let a = sites.0.remove(0);
     let killed = Command::new("kill")

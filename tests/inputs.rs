@@ -142,6 +142,72 @@ fn convert_in_place_keeps_every_reference() {
 }
 
 /// A lenient read names how many lines it skipped and the first one.
+/// issue 24: `trace capture -o FILE` wrote FILE in place, so a capture
+/// that failed halfway left a partial trace there. A Valgrind stand-in
+/// (first on PATH) writes a log whose third line is malformed: the capture
+/// fails with exit 2 naming the line, and the folder is left as it was,
+/// with neither the trace nor a temporary file; a good log is renamed into
+/// place.
+#[test]
+fn a_failed_capture_leaves_nothing_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmp("capture");
+    let bin = d.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("valgrind");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --log-file=*) f=\"${a#--log-file=}\";; esac; done\n\
+         f=$(printf '%s' \"$f\" | sed \"s/%p/$$/\")\n\
+         printf '==1== Command: x\\nI  00401000,4\\n%s\\n' \"$LINE\" > \"$f\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out_dir = d.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join("t.mmutrace");
+    let capture = |line: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mmulab"))
+            .args([
+                "trace",
+                "capture",
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                "true",
+            ])
+            .env("PATH", &path)
+            .env("LINE", line)
+            .output()
+            .unwrap()
+    };
+    let o = capture(" L zzzz,8");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(":3"), "names the line: {}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "a failed capture left {left:?}");
+
+    let o = capture(" L 1fff0000,8");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("t.mmutrace")]);
+    let (refs, _) = sim(&out, "4096");
+    assert_eq!(refs, 2);
+}
+
 #[test]
 fn lenient_reads_say_what_they_skipped() {
     let d = tmp("lenient");
@@ -258,6 +324,219 @@ fn ctrl_c_stops_a_check_sweep_with_the_seeds_done() {
     assert_eq!(r["interrupted"], true);
     assert_eq!(r["violations"], 0);
     assert!(r["seeds"].as_u64().unwrap() < 1_000_000);
+}
+
+/// Ctrl-C in a local sweep: no further task starts, the tasks done are
+/// kept in --out (exit 130, a line that says how to go on), and `--resume`
+/// goes on from them (it says how many were done before).
+#[test]
+fn ctrl_c_stops_a_sweep_and_resume_goes_on() {
+    let d = tmp("ctrlc-sweep");
+    let file = d.join("many.toml");
+    std::fs::write(
+        &file,
+        "base = \"experiments/tester.toml\"\nseeds = { start = 1, count = 100000 }\n[grid]\nprotocol = [\"mach\"]\n",
+    )
+    .unwrap();
+    let out = d.join("out");
+    let args = |resume: bool| {
+        let mut a = vec![
+            "sweep".to_string(),
+            file.to_str().unwrap().to_string(),
+            "--out".into(),
+            out.to_str().unwrap().to_string(),
+            "--jobs".into(),
+            "1".into(),
+        ];
+        if resume {
+            a.push("--resume".into());
+        }
+        a
+    };
+    let spawn_args = |resume: bool| {
+        let a = args(resume);
+        spawn(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (code, text, err) = interrupt_after(spawn_args(false), Duration::from_millis(2500));
+    assert_eq!(code, Some(130), "{text}{err}");
+    assert!(
+        text.contains("stopped by Ctrl-C after") && text.contains("--resume"),
+        "{text}"
+    );
+    let st = mmulab(&["sweep", "status", out.to_str().unwrap()]);
+    let st = stdout(&st);
+    let done: u64 = st
+        .split("done ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{st}"));
+    assert!((1..100_000).contains(&done), "{st}");
+
+    let (code, text, err) = interrupt_after(spawn_args(true), Duration::from_millis(2500));
+    assert_eq!(code, Some(130), "{text}{err}");
+    assert!(text.contains(&format!("({done} done before)")), "{text}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Ctrl-C in `reproduce`: the paper in progress stops at its next seed or
+/// step (not at its end), exit 130, and the note names where it stopped;
+/// no half report is written.
+#[test]
+fn ctrl_c_stops_a_reproduction_within_the_paper() {
+    let d = tmp("ctrlc-repro");
+    // romanescu10 --quick runs for minutes; its first step alone is long.
+    let child = spawn(&[
+        "reproduce",
+        "romanescu10",
+        "--quick",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    let t0 = Instant::now();
+    let (code, text, err) = interrupt_after(child, Duration::from_millis(3000));
+    assert_eq!(code, Some(130), "{text}{err}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert!(
+        err.contains("romanescu10: stopped by Ctrl-C in step `Fig. 7: single_unmap, directory"),
+        "{err}"
+    );
+    assert!(!d.join("reproduce-romanescu10.json").exists());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Ctrl-C in `host shootdown`: the point in progress is dropped and the
+/// points measured are printed (exit 130). Skipped where the tester
+/// cannot run (one core, no affinity).
+#[test]
+fn ctrl_c_stops_host_shootdown_with_what_was_measured() {
+    let t0 = Instant::now();
+    let probe = mmulab(&[
+        "host",
+        "shootdown",
+        "--threads",
+        "1",
+        "--reps",
+        "300",
+        "--json",
+    ]);
+    if !probe.status.success() {
+        eprintln!(
+            "skipped: host shootdown cannot run here: {}",
+            stderr(&probe)
+        );
+        return;
+    }
+    // Reps for a baseline of about 1.5 s (a responder's repetition takes
+    // longer than a baseline one), interrupted at 3 s: most likely in the
+    // responder point, which is then dropped.
+    let per_rep = t0.elapsed().as_secs_f64() / 610.0;
+    let reps = ((1.5 / per_rep) as u64).clamp(1000, 1_000_000).to_string();
+    let child = spawn(&[
+        "host",
+        "shootdown",
+        "--threads",
+        "1",
+        "--reps",
+        &reps,
+        "--json",
+    ]);
+    let (code, text, err) = interrupt_after(child, Duration::from_millis(3000));
+    assert_eq!(code, Some(130), "{text}{err}");
+    if text.trim().is_empty() {
+        // Stopped inside the baseline: nothing measured, and it says so.
+        assert!(err.contains("before the baseline"), "{err}");
+    } else {
+        let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(r["baseline"].is_object(), "{r}");
+        assert_eq!(
+            r["points"].as_array().unwrap().len(),
+            0,
+            "the cut point is dropped"
+        );
+        assert!(err.contains("stopped by Ctrl-C"), "{err}");
+    }
+}
+
+/// Ctrl-C in `dsm bench`: it stops at the next sweep point and prints what
+/// it measured (exit 130). Skipped where the bench cannot run.
+#[test]
+fn ctrl_c_stops_dsm_bench_with_what_was_measured() {
+    let child = spawn(&["dsm", "bench", "--quick", "--json"]);
+    let (code, text, err) = interrupt_after(child, Duration::from_millis(4000));
+    if code == Some(2) {
+        eprintln!("skipped: dsm bench cannot run here: {err}");
+        return;
+    }
+    assert_eq!(code, Some(130), "{text}{err}");
+    if text.trim().is_empty() {
+        assert!(err.contains("before a remote fault was timed"), "{err}");
+        return;
+    }
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(r["faults_timed"].as_u64().unwrap() > 0, "{r}");
+    let points =
+        r["pingpong"].as_array().unwrap().len() + r["read_writers"].as_array().unwrap().len();
+    assert!(points < 6 + 5, "every point ran: {r}");
+    assert!(err.contains("dsm bench stopped by Ctrl-C"), "{err}");
+}
+
+/// Ctrl-C during `trace capture`, at a terminal: the whole process group
+/// (mmulab, Valgrind, the command) gets it; the command's trace until then
+/// is kept at -o (exit 130). Skipped without Valgrind.
+#[test]
+fn ctrl_c_stops_a_capture_and_keeps_the_trace() {
+    use std::os::unix::process::CommandExt;
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        eprintln!("skipped: valgrind is not installed");
+        return;
+    }
+    let d = tmp("ctrlc-capture");
+    let out = d.join("t.mmutrace");
+    let child = Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .args([
+            "trace",
+            "capture",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(4000));
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let o = child.wait_with_output().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("capture stopped by Ctrl-C"),
+        "{}",
+        stderr(&o)
+    );
+    let (refs, _) = sim(&out, "4096");
+    assert!(refs > 0);
+    let left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("t.mmutrace")],
+        "no temporary file left"
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// A simulated memory that runs out stops the run with a named failure

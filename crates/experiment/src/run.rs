@@ -57,10 +57,38 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
     }
 }
 
-/// Runs one seed of a (validated) spec.
+/// Runs one seed of a (validated) spec. Once [`cancel_seeds_on`]'s flag is
+/// raised, it unwinds with [`Cancelled`] instead of returning (at its
+/// start, or from inside the simulation), so that code built on seeds
+/// (the reproductions) stops without ever seeing a seed cut short.
 pub fn run_seed(spec: &Spec, seed: u64) -> SeedOutcome {
-    run_seed_until(spec, seed, None)
+    let cancel = CANCEL.get();
+    let raised = || cancel.is_some_and(|f| f.load(Ordering::Relaxed));
+    if raised() {
+        std::panic::resume_unwind(Box::new(Cancelled));
+    }
+    let out = run_seed_until(spec, seed, cancel);
+    if out.sim.interrupted && raised() {
+        std::panic::resume_unwind(Box::new(Cancelled));
+    }
+    out
 }
+
+/// The flag that cancels [`run_seed`] (set once, by the binary's Ctrl-C
+/// handling for `reproduce`).
+static CANCEL: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// Makes every [`run_seed`] watch `flag`: raised, a seed unwinds with a
+/// [`Cancelled`] payload (through `resume_unwind`: no panic message), for
+/// the caller to catch with `std::panic::catch_unwind`. Only the first
+/// call counts.
+pub fn cancel_seeds_on(flag: Arc<AtomicBool>) {
+    let _ = CANCEL.set(flag);
+}
+
+/// The payload [`run_seed`] unwinds with once cancelled.
+#[derive(Debug)]
+pub struct Cancelled;
 
 /// [`run_seed`], stopped early when `stop` is raised (the outcome's
 /// `sim.interrupted` says so).

@@ -16,6 +16,11 @@ pub enum HostError {
     #[error("invalid options: {0}")]
     InvalidOptions(String),
 
+    /// Ctrl-C stopped the run before its baseline was measured: there is
+    /// nothing to report.
+    #[error("stopped by Ctrl-C before the baseline (0 responders) was measured")]
+    Interrupted,
+
     /// A system call failed.
     #[error("{call} failed: {source}")]
     Sys {

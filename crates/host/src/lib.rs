@@ -38,7 +38,7 @@ pub use report::{
     BLACK89_INTERCEPT_US, BLACK89_SLOPE_US, FitBasis, HostFit, HostReport, LatencyNs, Point,
     RepOutcome, fit_points, format_report,
 };
-pub use run::{Progress, run_shootdown};
+pub use run::{Progress, run_shootdown, run_shootdown_until};
 
 #[cfg(test)]
 mod tests {

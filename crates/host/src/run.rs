@@ -1,5 +1,7 @@
 //! `run_shootdown`: the baseline and one point per responder count.
 
+use std::sync::atomic::AtomicBool;
+
 use crate::error::HostError;
 use crate::options::{Op, ShootdownOptions};
 use crate::report::HostReport;
@@ -25,14 +27,27 @@ pub fn run_shootdown(
     opts: &ShootdownOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<HostReport, HostError> {
+    run_shootdown_until(opts, progress, None)
+}
+
+/// [`run_shootdown`], stopped when `stop` is raised (Ctrl-C): checked
+/// before every repetition; the point in progress is dropped (a point is
+/// all its repetitions or none) and no further point starts. The report
+/// holds the points measured; stopped before the baseline was, it is
+/// [`HostError::Interrupted`].
+pub fn run_shootdown_until(
+    opts: &ShootdownOptions,
+    progress: &mut dyn FnMut(Progress),
+    stop: Option<&AtomicBool>,
+) -> Result<HostReport, HostError> {
     opts.validate()?;
     #[cfg(target_os = "linux")]
     {
-        linux::run(opts, progress)
+        linux::run(opts, progress, stop)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = progress;
+        let _ = (progress, stop);
         Err(HostError::Unsupported {
             os: std::env::consts::OS,
         })
@@ -84,11 +99,14 @@ mod linux {
     use crate::interrupts::NO_TLB_LINE;
     use crate::report::{Point, fit_points};
     use crate::tester::{Tester, TesterConfig, usable_cpus};
+    use std::sync::atomic::Ordering;
 
     pub(super) fn run(
         opts: &ShootdownOptions,
         progress: &mut dyn FnMut(Progress),
+        stop: Option<&AtomicBool>,
     ) -> Result<HostReport, HostError> {
+        let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
         let environment = Environment::detect();
         let cpus = usable_cpus()?;
         let mut notes = Vec::new();
@@ -125,42 +143,49 @@ mod linux {
             );
         }
         let mut done = 0u64;
-        let mut measure =
-            |responders: usize, progress: &mut dyn FnMut(Progress)| -> Result<Point, HostError> {
-                progress(Progress::Point {
-                    threads: responders,
-                    op: opts.op,
-                    reps: opts.reps,
-                });
-                let mut tester = Tester::new(TesterConfig {
-                    op: opts.op,
-                    pages: opts.pages,
-                    cpus: cpus[..=responders].to_vec(),
-                    ack_timeout: opts.ack_timeout,
-                    fault_timeout: opts.fault_timeout,
-                    hooks: opts.hooks,
-                    count_tlb_interrupts: count_tlb,
-                })?;
-                let mut outcomes = Vec::with_capacity(opts.reps);
-                for i in 0..opts.warmup + opts.reps {
-                    let o = tester.rep()?;
-                    if i >= opts.warmup {
-                        outcomes.push(o);
-                    }
-                    done += 1;
-                    progress(Progress::Rep { done, total });
+        let mut measure = |responders: usize,
+                           progress: &mut dyn FnMut(Progress)|
+         -> Result<Option<Point>, HostError> {
+            progress(Progress::Point {
+                threads: responders,
+                op: opts.op,
+                reps: opts.reps,
+            });
+            let mut tester = Tester::new(TesterConfig {
+                op: opts.op,
+                pages: opts.pages,
+                cpus: cpus[..=responders].to_vec(),
+                ack_timeout: opts.ack_timeout,
+                fault_timeout: opts.fault_timeout,
+                hooks: opts.hooks,
+                count_tlb_interrupts: count_tlb,
+            })?;
+            let mut outcomes = Vec::with_capacity(opts.reps);
+            for i in 0..opts.warmup + opts.reps {
+                if stopped() {
+                    return Ok(None);
                 }
-                drop(tester);
-                Ok(Point::from_outcomes(
-                    responders, opts.op, opts.pages, &outcomes,
-                ))
-            };
+                let o = tester.rep()?;
+                if i >= opts.warmup {
+                    outcomes.push(o);
+                }
+                done += 1;
+                progress(Progress::Rep { done, total });
+            }
+            drop(tester);
+            Ok(Some(Point::from_outcomes(
+                responders, opts.op, opts.pages, &outcomes,
+            )))
+        };
         // The baseline first, before any responder thread has ever run on
         // another core of this address space.
-        let baseline = measure(0, progress)?;
+        let baseline = measure(0, progress)?.ok_or(HostError::Interrupted)?;
         let mut points = Vec::with_capacity(threads.len());
         for &t in &threads {
-            points.push(measure(t, progress)?);
+            match measure(t, progress)? {
+                Some(p) => points.push(p),
+                None => break,
+            }
         }
         let missed: usize = points.iter().map(|p| p.missed_faults).sum();
         if missed > 0 {

@@ -35,6 +35,8 @@ pub fn reproduce(
     out: Option<&Path>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ReproTable, Error> {
+    // Every spec is checked before the first stage runs.
+    spec::check_all(src)?;
     let mut table = ReproTable::default();
     progress("Table 3");
     let p = table3(src, &mut table)?;

@@ -128,8 +128,27 @@ pub struct NSiteSpec {
 pub fn parse<T: for<'de> Deserialize<'de>>(file: &str, text: &str) -> Result<T, Error> {
     toml::from_str(text).map_err(|e| Error::Spec {
         file: file.into(),
-        message: e.to_string(),
+        message: clip_lines(&e.to_string()),
     })
+}
+
+/// The most characters of one line of a parse error: the line of the spec
+/// it quotes is cut, as every echo of input is (issue 24).
+const ECHO_CHARS: usize = 200;
+
+fn clip_lines(msg: &str) -> String {
+    msg.split('\n')
+        .map(|l| {
+            let n = l.chars().count();
+            if n <= ECHO_CHARS {
+                l.to_string()
+            } else {
+                let head: String = l.chars().take(ECHO_CHARS).collect();
+                format!("{head}… ({n} characters)")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Where the specs live under the experiments: `fleisch89/paper-data/`.
@@ -143,6 +162,17 @@ pub fn load<T: for<'de> Deserialize<'de>>(src: &Experiments, name: &str) -> Resu
         message: e.to_string(),
     })?;
     parse(name, &text)
+}
+
+/// Loads and checks every spec of `fleisch89/paper-data/` (ranges and the
+/// work budget), so that `reproduce fleisch89` refuses a bad one before
+/// anything runs, not after the stages before it.
+pub fn check_all(src: &Experiments) -> Result<(), Error> {
+    load::<Table3Spec>(src, "table3.toml")?.validate("table3.toml")?;
+    load::<WorstCaseSpec>(src, "worst-case.toml")?.validate("worst-case.toml")?;
+    load::<Fig7Spec>(src, "fig7.toml")?.validate("fig7.toml")?;
+    load::<Fig8Spec>(src, "fig8.toml")?.validate("fig8.toml")?;
+    load::<NSiteSpec>(src, "nsite.toml")?.validate("nsite.toml")
 }
 
 fn invalid(file: &str, key: &str, message: &str) -> Error {
@@ -197,6 +227,83 @@ fn check_trials(file: &str, key: &str, v: u64) -> Result<(), Error> {
     }
 }
 
+/// The most simulated operations a spec may ask for: 10^12, the default
+/// of the other specs' `--max-work` (`mmulab_experiment::budget`), about
+/// nine hours of simulation on one core. A fleisch89 spec above it is
+/// refused before anything runs, naming the key that drives it.
+pub const MAX_WORK: u64 = 1_000_000_000_000;
+
+/// Simulated operations per ping-pong cycle, per §7.2 trial, per token
+/// round and site: an upper bound of the events one costs (its 9 messages,
+/// their interrupts, faults and timers, §7.2), for the work estimate.
+const EVENTS_PER_CYCLE: u64 = 64;
+
+/// Simulated operations per simulated second of the read-writers' loop: a
+/// VAX 11/750 executes under 10^6 instructions a second, and each is at
+/// most one operation of the simulation.
+const EVENTS_PER_SECOND: f64 = 1e6;
+
+/// The most seeds (or trials, rounds) one spec key may ask for, and the
+/// longest list of Δ or site counts: far above any figure's, below what
+/// would only spin.
+const MAX_COUNT: u64 = 1_000_000;
+const MAX_LIST: usize = 1_000;
+
+/// The largest Δ, in clock ticks: one simulated day at 60 ticks a second
+/// (Fig. 8's axis ends at 1,200).
+const MAX_DELTA_TICKS: u32 = 60 * 86_400;
+
+/// The longest read-writers' loop, simulated seconds (Fig. 8 uses 10).
+const MAX_LOOP_S: f64 = 3_600.0;
+
+fn check_count(file: &str, key: &str, v: u64) -> Result<(), Error> {
+    if v <= MAX_COUNT {
+        Ok(())
+    } else {
+        Err(invalid(
+            file,
+            key,
+            &format!("must be at most {MAX_COUNT}, got {v}"),
+        ))
+    }
+}
+
+fn check_deltas(file: &str, key: &str, v: &[u32]) -> Result<(), Error> {
+    check_nonempty(file, key, v)?;
+    if v.len() > MAX_LIST {
+        return Err(invalid(
+            file,
+            key,
+            &format!("at most {MAX_LIST} values, got {}", v.len()),
+        ));
+    }
+    match v.iter().find(|d| **d > MAX_DELTA_TICKS) {
+        Some(d) => Err(invalid(
+            file,
+            key,
+            &format!("each Δ must be at most {MAX_DELTA_TICKS} ticks (a simulated day), got {d}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an estimate above [`MAX_WORK`], naming the key that drives it
+/// and the product (`how`) it came from.
+fn check_work(file: &str, key: &str, work: f64, how: &str) -> Result<(), Error> {
+    if work <= MAX_WORK as f64 {
+        Ok(())
+    } else {
+        Err(invalid(
+            file,
+            key,
+            &format!(
+                "about {work:.1e} simulated operations ({how}), above the budget of {:.0e} (the other specs' --max-work default)",
+                MAX_WORK as f64
+            ),
+        ))
+    }
+}
+
 impl Table3Spec {
     pub fn validate(&self, file: &str) -> Result<(), Error> {
         check_preset(file, &self.preset)?;
@@ -212,34 +319,117 @@ impl WorstCaseSpec {
         check_trials(file, "quick_trials", self.quick_trials)?;
         check_positive(file, "seeds", self.seeds as f64)?;
         check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
+        for (k, v) in [
+            ("trials", self.trials),
+            ("quick_trials", self.quick_trials),
+            ("seeds", self.seeds),
+            ("quick_seeds", self.quick_seeds),
+        ] {
+            check_count(file, k, v)?;
+        }
         check_tolerance(file, "count_tolerance_pct", self.count_tolerance_pct)?;
-        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)
+        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
+        // A distributed and two single-site runs per seed.
+        let check = |key: &str, trials: u64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                3.0 * (trials * seeds * EVENTS_PER_CYCLE) as f64,
+                &format!("3 runs x {trials} trials x {seeds} seeds x {EVENTS_PER_CYCLE} each"),
+            )
+        };
+        check("trials", self.trials, self.seeds)?;
+        check("quick_trials", self.quick_trials, self.quick_seeds)
     }
 }
 
 impl Fig7Spec {
     pub fn validate(&self, file: &str) -> Result<(), Error> {
         check_preset(file, &self.preset)?;
-        check_nonempty(file, "deltas", &self.deltas)?;
-        check_nonempty(file, "quick_deltas", &self.quick_deltas)?;
+        check_deltas(file, "deltas", &self.deltas)?;
+        check_deltas(file, "quick_deltas", &self.quick_deltas)?;
         check_trials(file, "trials", self.trials)?;
         check_trials(file, "quick_trials", self.quick_trials)?;
         check_positive(file, "seeds", self.seeds as f64)?;
         check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
-        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)
+        for (k, v) in [
+            ("trials", self.trials),
+            ("quick_trials", self.quick_trials),
+            ("seeds", self.seeds),
+            ("quick_seeds", self.quick_seeds),
+        ] {
+            check_count(file, k, v)?;
+        }
+        check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
+        // Each Δ with and without yield.
+        let check = |key: &str, deltas: usize, trials: u64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                2.0 * deltas as f64 * (trials * seeds * EVENTS_PER_CYCLE) as f64,
+                &format!(
+                    "2 x {deltas} Δ x {trials} trials x {seeds} seeds x {EVENTS_PER_CYCLE} each"
+                ),
+            )
+        };
+        check("trials", self.deltas.len(), self.trials, self.seeds)?;
+        check(
+            "quick_trials",
+            self.quick_deltas.len(),
+            self.quick_trials,
+            self.quick_seeds,
+        )
     }
 }
 
 impl Fig8Spec {
     pub fn validate(&self, file: &str) -> Result<(), Error> {
         check_preset(file, &self.preset)?;
-        check_nonempty(file, "deltas", &self.deltas)?;
-        check_nonempty(file, "quick_deltas", &self.quick_deltas)?;
+        check_deltas(file, "deltas", &self.deltas)?;
+        check_deltas(file, "quick_deltas", &self.quick_deltas)?;
         check_positive(file, "loop_s", self.loop_s)?;
         check_positive(file, "quick_loop_s", self.quick_loop_s)?;
+        for (k, v) in [("loop_s", self.loop_s), ("quick_loop_s", self.quick_loop_s)] {
+            if v > MAX_LOOP_S {
+                return Err(invalid(
+                    file,
+                    k,
+                    &format!("must be at most {MAX_LOOP_S} simulated seconds, got {v}"),
+                ));
+            }
+        }
         check_tolerance(file, "stagger_s", self.stagger_s)?;
+        if self.stagger_s > MAX_LOOP_S {
+            return Err(invalid(
+                file,
+                "stagger_s",
+                &format!(
+                    "must be at most {MAX_LOOP_S} simulated seconds, got {}",
+                    self.stagger_s
+                ),
+            ));
+        }
         check_positive(file, "seeds", self.seeds as f64)?;
         check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
+        check_count(file, "seeds", self.seeds)?;
+        check_count(file, "quick_seeds", self.quick_seeds)?;
+        let check = |key: &str, deltas: usize, loop_s: f64, seeds: u64| {
+            check_work(
+                file,
+                key,
+                deltas as f64 * seeds as f64 * loop_s * EVENTS_PER_SECOND,
+                &format!(
+                    "{deltas} Δ x {seeds} seeds x {loop_s} s x {EVENTS_PER_SECOND:.0e} a second"
+                ),
+            )
+        };
+        check("loop_s", self.deltas.len(), self.loop_s, self.seeds)?;
+        check(
+            "quick_loop_s",
+            self.quick_deltas.len(),
+            self.quick_loop_s,
+            self.quick_seeds,
+        )?;
         check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
         check_tolerance(
             file,
@@ -274,7 +464,38 @@ impl NSiteSpec {
                 "must be at least 1 (Δ = 0 thrashes the ring)",
             ));
         }
+        if self.delta_ticks > MAX_DELTA_TICKS {
+            return Err(invalid(
+                file,
+                "delta_ticks",
+                &format!(
+                    "must be at most {MAX_DELTA_TICKS} ticks (a simulated day), got {}",
+                    self.delta_ticks
+                ),
+            ));
+        }
+        if self.sites.len() > MAX_LIST || self.quick_sites.len() > MAX_LIST {
+            return Err(invalid(
+                file,
+                "sites",
+                &format!("at most {MAX_LIST} values"),
+            ));
+        }
         check_trials(file, "rounds", self.rounds)?;
-        check_trials(file, "quick_rounds", self.quick_rounds)
+        check_trials(file, "quick_rounds", self.quick_rounds)?;
+        check_count(file, "rounds", self.rounds)?;
+        check_count(file, "quick_rounds", self.quick_rounds)?;
+        // Each round passes the token through every site.
+        let check = |key: &str, sites: &[u64], rounds: u64| {
+            let total: u64 = sites.iter().sum();
+            check_work(
+                file,
+                key,
+                (total * rounds * EVENTS_PER_CYCLE) as f64,
+                &format!("{total} sites in all x {rounds} rounds x {EVENTS_PER_CYCLE} each"),
+            )
+        };
+        check("rounds", &self.sites, self.rounds)?;
+        check("quick_rounds", &self.quick_sites, self.quick_rounds)
     }
 }

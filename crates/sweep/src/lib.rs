@@ -11,7 +11,7 @@ pub mod slurm;
 pub mod store;
 pub mod task;
 
-pub use local::{LocalOptions, LocalRun, Shard, run_local};
+pub use local::{LocalOptions, LocalRun, Shard, run_local, run_local_until};
 pub use merge::{Merged, merge};
 pub use plan::{Kind, Sweep};
 pub use store::{Build, Manifest, OutDir};

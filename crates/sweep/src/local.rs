@@ -2,7 +2,7 @@
 //! `jobs` threads. Each task is one seed; which thread runs it changes
 //! nothing in its record.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -71,6 +71,20 @@ pub fn run_local(
     opts: &LocalOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<LocalRun, SweepError> {
+    run_local_until(sweep, dir, manifest, opts, progress, None)
+}
+
+/// [`run_local`], stopped when `stop` is raised (Ctrl-C): no further task
+/// starts, those running finish and are recorded, so `--resume` goes on
+/// from there. `ran` counts the tasks that ran.
+pub fn run_local_until(
+    sweep: &Sweep,
+    dir: &OutDir,
+    manifest: &Manifest,
+    opts: &LocalOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    stop: Option<&AtomicBool>,
+) -> Result<LocalRun, SweepError> {
     assert_eq!(
         manifest.sweep_sha256, sweep.sha256,
         "prepare checked the plan"
@@ -119,6 +133,9 @@ pub fn run_local(
         // One task per item (never a block of seeds per thread), so the
         // threads balance and the split cannot reach the records.
         pending.par_iter().with_max_len(1).try_for_each(|t| {
+            if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                return Ok(());
+            }
             let r = run_task(sweep, *t);
             if r.failed.is_some() {
                 failed.fetch_add(1, Ordering::Relaxed);
@@ -129,7 +146,7 @@ pub fn run_local(
             Ok::<(), SweepError>(())
         })
     })?;
-    run.ran = total;
+    run.ran = done.into_inner();
     run.failed = failed.into_inner();
     run.task_s = task_us.into_inner() as f64 / 1e6;
     run.wall_s = t0.elapsed().as_secs_f64();

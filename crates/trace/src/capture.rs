@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::binary::{BinaryWriter, LackeyToBinary};
+use crate::binary::{BinaryWriter, LackeyToBinary, Staged};
 use crate::lackey::LackeyDecoder;
 use crate::{Result, TraceError, page_shift};
 
@@ -100,6 +100,9 @@ struct Follower {
     decoder: LackeyDecoder,
     sink: LackeyToBinary,
     trace: PathBuf,
+    /// The trace is written beside `trace` and renamed over it only when
+    /// the whole capture succeeded; an error (or a panic) removes it.
+    staged: Staged,
     log_bytes: u64,
     /// Next byte of the log to read.
     offset: u64,
@@ -348,6 +351,7 @@ pub fn capture_with(
     }
     let status = status.expect("loop ends after exit");
     let mut processes = Vec::new();
+    let mut staged = Vec::new();
     for mut f in followers {
         // A process killed mid-line leaves a cut last line: keep the rest, warn.
         if let Some(w) = f.decoder.finish(true)? {
@@ -356,6 +360,7 @@ pub fn capture_with(
         let lines = f.lines_before + f.decoder.lines();
         let accesses = f.accesses_before + f.decoder.accesses();
         let summary = f.sink.writer.finish()?;
+        staged.push(f.staged);
         processes.push(CapturedProcess {
             pid: f.pid,
             trace: f.trace,
@@ -381,6 +386,11 @@ pub fn capture_with(
             "Valgrind exited ({status}) without writing a lackey log in {}",
             log_dir.display()
         )));
+    }
+    // Every trace is complete: only now do they take their names (a failed
+    // capture leaves nothing at -o).
+    for s in staged {
+        s.commit()?;
     }
     Ok(CaptureSummary {
         command,
@@ -427,7 +437,8 @@ fn discover(
             .write(release_every > 0)
             .open(&log)
             .map_err(|e| TraceError::io(&log, e))?;
-        let writer = BinaryWriter::create(&trace, shift, pid)?;
+        let staged = Staged::new(&trace);
+        let writer = BinaryWriter::create(staged.path(), shift, pid)?;
         followers.push(Follower {
             pid,
             decoder: LackeyDecoder::new(&log),
@@ -438,6 +449,7 @@ fn discover(
                 error: None,
             },
             trace,
+            staged,
             log_bytes: 0,
             offset: 0,
             prefix: Vec::new(),
@@ -504,6 +516,8 @@ mod tests {
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("exec'd"));
         f.sink.writer.finish().unwrap();
+        assert!(!out.exists(), "written beside the target until complete");
+        f.staged.commit().unwrap();
         let t = read_all(&out, false).unwrap();
         let pages: Vec<u64> = t.refs.iter().map(|r| r.vpn()).collect();
         let mut want = vec![0x401, 0x1fff0, 0x402, 0x1fff1];

@@ -300,6 +300,9 @@ pub enum BenchError {
     Shm(#[from] super::shm::ShmError),
     #[error("{0}")]
     Failed(String),
+    /// Ctrl-C before the first remote fault was timed: nothing to report.
+    #[error("stopped by Ctrl-C before a remote fault was timed")]
+    Interrupted,
 }
 
 /// Starts two loopback sites in this process (ports chosen by the kernel).
@@ -365,6 +368,18 @@ fn copy_4k(n: usize) -> Vec<u64> {
 /// Runs the remote-fault measurement. `quick`: 300 timed faults (a few
 /// seconds); otherwise 3000.
 pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
+    run_until(quick, None)
+}
+
+/// [`run`], stopped when `stop` is raised (Ctrl-C): the remote-fault loop
+/// ends at its next fault and keeps the faults timed; the sweeps start no
+/// further point (a point whose site processes the Ctrl-C also stopped is
+/// dropped). The report covers what was measured.
+pub fn run_until(
+    quick: bool,
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<BenchReport, BenchError> {
+    let stopped = || stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
     let started = Instant::now();
     let n = if quick { 300 } else { 3000 };
     let warmup = 20;
@@ -389,7 +404,12 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
             .counters()
             .frames_sent
             .load(std::sync::atomic::Ordering::Relaxed);
+    let mut cycles = 0u64;
     for i in 0..(n + warmup) as u64 {
+        if stopped() {
+            break;
+        }
+        cycles += 1;
         // SAFETY: pa/pb are live attach mappings of one 4 KiB segment;
         // their faults are served by the two daemons.
         unsafe { std::ptr::write_volatile(pa, i + 1) };
@@ -449,6 +469,10 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
     b.shmdt(pb as *mut u8)?;
     a.stop();
     b.stop();
+    if samples.is_empty() {
+        return Err(BenchError::Interrupted);
+    }
+    let timed = samples.len();
     let rtt = Percentiles::of(loopback_rtt(n.max(1000))?);
     let copy = Percentiles::of(copy_4k(n.max(1000)));
     let limit_ns = (rtt.p50 + copy.p50).max(1);
@@ -471,7 +495,7 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
     if quick && started.elapsed() > Duration::from_secs(60) {
         return Err(BenchError::Failed("bench ran past a minute".into()));
     }
-    let sweeps = sweeps(quick)?;
+    let sweeps = sweeps(quick, &stopped)?;
     if quick && started.elapsed() > Duration::from_secs(60) {
         return Err(BenchError::Failed("bench ran past a minute".into()));
     }
@@ -487,10 +511,10 @@ pub fn run(quick: bool) -> Result<BenchReport, BenchError> {
         limit_ns,
         loopback_rtt_ns: rtt,
         copy_4k_ns: copy,
-        faults_timed: n,
+        faults_timed: timed,
         stale_reads: stale,
         fault_path: probe.describe(),
-        frames_per_cycle: (frames_after - frames_before) as f64 / (n + warmup) as f64,
+        frames_per_cycle: (frames_after - frames_before) as f64 / cycles as f64,
         wall_ms: started.elapsed().as_millis() as u64,
     })
 }
@@ -548,7 +572,7 @@ fn percentiles_of(v: Vec<u64>) -> Option<Percentiles> {
 /// of its program needs it any more) while the other waits out the rest
 /// of Δ. Nothing else is added; if the curve shows no such side here,
 /// the verdict says so.
-fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
+fn sweeps(quick: bool, stopped: &dyn Fn() -> bool) -> Result<Sweeps, BenchError> {
     let exe = std::env::current_exe()?;
     let allowed = super::sweep::allowed_cpus();
     let cpus = match allowed.as_slice() {
@@ -582,9 +606,12 @@ fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
     let fail = BenchError::Failed;
     let mut site_cpus = Vec::new();
     let mut pingpong = Vec::new();
-    for yield_ in [true, false] {
+    'pp: for yield_ in [true, false] {
         for &delta_ticks in pp_deltas {
-            let [a, b] = super::sweep::run_point(
+            if stopped() {
+                break 'pp;
+            }
+            let point = super::sweep::run_point(
                 &exe,
                 cpus,
                 super::sweep::Point {
@@ -598,8 +625,11 @@ fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
                     program_idle: false,
                 },
                 Duration::from_millis(pp_ms) + Duration::from_secs(30),
-            )
-            .map_err(fail)?;
+            );
+            let [a, b] = match point {
+                Err(_) if stopped() => break 'pp,
+                p => p.map_err(fail)?,
+            };
             if site_cpus.is_empty() {
                 site_cpus = vec![a.cpus.clone(), b.cpus.clone()];
             }
@@ -625,7 +655,10 @@ fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
     }
     let mut read_writers = Vec::new();
     for &delta_ticks in rw_deltas {
-        let [a, b] = super::sweep::run_point(
+        if stopped() {
+            break;
+        }
+        let point = super::sweep::run_point(
             &exe,
             cpus,
             super::sweep::Point {
@@ -639,8 +672,11 @@ fn sweeps(quick: bool) -> Result<Sweeps, BenchError> {
                 program_idle: PROGRAM_IDLE,
             },
             Duration::from_secs(120),
-        )
-        .map_err(fail)?;
+        );
+        let [a, b] = match point {
+            Err(_) if stopped() => break,
+            p => p.map_err(fail)?,
+        };
         let n = a.ops + b.ops;
         let ns = a.end_ns.max(b.end_ns) - a.start_ns.min(b.start_ns);
         let messages = a.wire_frames + b.wire_frames + a.local_messages + b.local_messages;

@@ -266,8 +266,9 @@ pub fn run_program(
 }
 
 /// `mmulab dsm status [--config F] [--site NAME]`: the daemon's view of
-/// the sites, its segments and shmids.
-pub fn status(config: &Path, site: Option<&str>) -> Result<String, CliError> {
+/// the sites, its segments and shmids (print it with
+/// [`super::status::SiteStatus::render`], or as JSON).
+pub fn status(config: &Path, site: Option<&str>) -> Result<super::status::SiteStatus, CliError> {
     let cluster = load(config)?;
     let me = pick_site(&cluster, config, site)?;
     let socket = cluster.socket_path(me);
@@ -285,4 +286,13 @@ pub fn status(config: &Path, site: Option<&str>) -> Result<String, CliError> {
 /// `limit_ns`, `ratio`); otherwise `report.render()`.
 pub fn run_bench(quick: bool) -> Result<BenchReport, CliError> {
     Ok(bench::run(quick)?)
+}
+
+/// [`run_bench`], stopped early when `stop` is raised (Ctrl-C): see
+/// [`bench::run_until`].
+pub fn run_bench_until(
+    quick: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<BenchReport, bench::BenchError> {
+    bench::run_until(quick, Some(stop))
 }

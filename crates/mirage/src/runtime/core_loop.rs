@@ -584,48 +584,45 @@ impl CoreLoop {
     }
 
     /// The core's view of this site, as text (`mmulab dsm status`).
-    pub(crate) fn status(&self) -> String {
-        use std::fmt::Write as _;
+    pub(crate) fn status(&self) -> super::status::SiteStatus {
+        use super::status::{PeerStatus, SegmentStatus, SiteStatus};
         let cfg = &self.shared.config;
         let me = self.shared.me;
-        let mut t = String::new();
-        let _ = writeln!(
-            t,
-            "site {} (id {}), cluster {}, incarnation {}",
-            cfg.name(me),
-            me.0,
-            cfg.cluster_id,
-            self.shared.incarnation
-        );
-        let _ = writeln!(t, "sites:");
         let peers = self.shared.peers.lock().expect("peers").clone();
+        let mut sites = Vec::new();
         for (i, sc) in cfg.sites.iter().enumerate() {
             let p = &peers[i];
-            let state = if i == me.0 as usize {
-                "this site".to_string()
-            } else if let Some(why) = &p.dead {
-                format!("DEAD: {why}")
-            } else {
-                let out = match &self.out[i] {
-                    Some(o) if !o.is_broken() => "connected",
-                    Some(_) => "connection broken",
-                    None => "not dialled",
-                };
-                match p.last_heard {
-                    Some(t) => format!(
-                        "alive ({out}; heard {} ms ago, incarnation {})",
-                        t.elapsed().as_millis(),
-                        p.incarnation.unwrap_or(0)
-                    ),
-                    None => format!("not heard from yet ({out})"),
-                }
+            let mut st = PeerStatus {
+                name: sc.name.clone(),
+                addr: sc.addr.to_string(),
+                ..Default::default()
             };
-            let _ = writeln!(t, "  {:<8} {:<22} {state}", sc.name, sc.addr.to_string());
+            if i == me.0 as usize {
+                st.state = "this site".into();
+            } else if let Some(why) = &p.dead {
+                st.state = "dead".into();
+                st.dead_reason = Some(why.clone());
+            } else {
+                st.connection = Some(
+                    match &self.out[i] {
+                        Some(o) if !o.is_broken() => "connected",
+                        Some(_) => "connection broken",
+                        None => "not dialled",
+                    }
+                    .into(),
+                );
+                match p.last_heard {
+                    Some(t) => {
+                        st.state = "alive".into();
+                        st.heard_ms_ago = Some(t.elapsed().as_millis() as u64);
+                        st.incarnation = Some(p.incarnation.unwrap_or(0));
+                    }
+                    None => st.state = "not heard from".into(),
+                }
+            }
+            sites.push(st);
         }
-        let _ = writeln!(t, "segments mapped here:");
-        if self.segs.is_empty() {
-            let _ = writeln!(t, "  none");
-        }
+        let mut segments = Vec::new();
         for (seg, mem) in &self.segs {
             let mut held = [0usize; 3];
             for p in 0..mem.pages as u32 {
@@ -646,18 +643,16 @@ impl CoreLoop {
                 .collect();
             programs.sort();
             programs.dedup();
-            let _ = writeln!(
-                t,
-                "  segment {} (library {}): {} pages; held here: {} write, {} read, {} none; attaches {} ({})",
-                seg_name(*seg),
-                cfg.name(seg.library),
-                mem.pages,
-                held[2],
-                held[1],
-                held[0],
-                self.attaches.values().filter(|a| a.segment == *seg).count(),
-                programs.join(", ")
-            );
+            segments.push(SegmentStatus {
+                segment: seg_name(*seg),
+                library: cfg.name(seg.library).to_string(),
+                pages: mem.pages,
+                held_write: held[2],
+                held_read: held[1],
+                held_none: held[0],
+                attaches: self.attaches.values().filter(|a| a.segment == *seg).count(),
+                programs,
+            });
         }
         // Pages the core knows lost (as library: their only current copy
         // was at a dead site; as holder: their library died), and pages
@@ -667,14 +662,16 @@ impl CoreLoop {
             lost.entry((segment, page))
                 .or_insert_with(|| self.lost_reason(segment, page, site));
         }
-        let _ = writeln!(t, "lost pages:");
-        if lost.is_empty() {
-            let _ = writeln!(t, "  none");
+        SiteStatus {
+            site: cfg.name(me).to_string(),
+            id: me.0,
+            cluster: cfg.cluster_id,
+            incarnation: self.shared.incarnation,
+            sites,
+            segments,
+            lost_pages: lost.into_values().collect(),
+            ..Default::default()
         }
-        for why in lost.values() {
-            let _ = writeln!(t, "  {why}");
-        }
-        t
     }
 
     pub(crate) fn new_process(&mut self) -> u32 {

@@ -690,12 +690,17 @@ fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<Received>) {
                 reply(&c, &m, res.map(|_| [0; 4]));
             }
             kind::STATUS => {
-                let text = dsm.status_text();
+                // The status as JSON (`runtime::status`), cut to one
+                // message; a core that does not answer is an error text.
+                let room = MAX_MESSAGE_BYTES - MSG_BYTES;
+                let body = match dsm.status() {
+                    Ok(s) => s.to_json_within(room),
+                    Err(e) => serde_json::json!({ "error": e }).to_string(),
+                };
                 let mut head = LocalMsg::new(kind::STATUS_TEXT);
                 head.id = m.id;
                 let mut out = head.as_bytes().to_vec();
-                let room = MAX_MESSAGE_BYTES - MSG_BYTES;
-                out.extend_from_slice(&text.as_bytes()[..text.len().min(room)]);
+                out.extend_from_slice(&body.as_bytes()[..body.len().min(room)]);
                 c.send_bytes(&out);
             }
             _ => {}
@@ -710,8 +715,8 @@ fn serve_program(dsm: Arc<Dsm>, c: Arc<Client>, rx: mpsc::Receiver<Received>) {
     }
 }
 
-/// `mmulab dsm status`: asks the daemon at `path` for its status text.
-pub fn status(path: &Path, timeout: Duration) -> std::io::Result<String> {
+/// `mmulab dsm status`: asks the daemon at `path` for its status.
+pub fn status(path: &Path, timeout: Duration) -> std::io::Result<super::status::SiteStatus> {
     let sock = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -732,5 +737,18 @@ pub fn status(path: &Path, timeout: Duration) -> std::io::Result<String> {
     if n < MSG_BYTES {
         return Err(std::io::Error::other("short status reply"));
     }
-    Ok(String::from_utf8_lossy(&buf[MSG_BYTES..n]).into_owned())
+    let body = &buf[MSG_BYTES..n];
+    if let Ok(s) = serde_json::from_slice::<super::status::SiteStatus>(body) {
+        return Ok(s);
+    }
+    let why = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(String::from))
+        .unwrap_or_else(|| {
+            format!(
+                "a status reply that is not a status (a daemon of another mmulab version?): {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )
+        });
+    Err(std::io::Error::other(why))
 }

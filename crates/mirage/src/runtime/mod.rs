@@ -49,6 +49,7 @@ pub(crate) mod peer;
 pub mod proxy;
 pub mod shm;
 pub(crate) mod spin;
+pub mod status;
 pub mod sweep;
 pub mod sysv;
 pub mod uffd;

@@ -235,9 +235,9 @@ pub(crate) enum Api {
     TakeTrace {
         reply: Sender<Vec<TraceEntry>>,
     },
-    /// `mmulab dsm status`: sites and segments, as text.
+    /// `mmulab dsm status`: sites and segments.
     Status {
-        reply: Sender<String>,
+        reply: Sender<super::status::SiteStatus>,
     },
     /// A clean stop: every attach of this site detaches, so that the core
     /// checks its pages back in. The replies come with each `Detached`.
@@ -664,8 +664,15 @@ impl Node {
 
     /// Sites and segments, as `mmulab dsm status` prints them.
     pub fn status_text(&self) -> String {
+        match self.status() {
+            Some(s) => s.render_core(),
+            None => "no answer from the core in time\n".into(),
+        }
+    }
+
+    /// Sites and segments; None when the core did not answer in time.
+    pub fn status(&self) -> Option<super::status::SiteStatus> {
         self.call(|reply| Api::Status { reply })
-            .unwrap_or_else(|| "no answer from the core in time\n".into())
     }
 
     pub(crate) fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Api) -> Option<T> {

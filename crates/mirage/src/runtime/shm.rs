@@ -1036,41 +1036,41 @@ impl Dsm {
 
     /// `mmulab dsm status`: the core's view, then this site's shmids.
     pub fn status_text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut t = self.node.status_text();
+        match self.status() {
+            Ok(s) => s.render(),
+            Err(e) => format!("{e}\n"),
+        }
+    }
+
+    /// [`Dsm::status_text`] as data; Err when the core did not answer.
+    pub fn status(&self) -> Result<super::status::SiteStatus, String> {
+        let mut s = self
+            .node
+            .status()
+            .ok_or_else(|| "no answer from the core in time".to_string())?;
         let mut ids = self.ids.lock().expect("ids");
         self.sweep(&mut ids);
-        let _ = writeln!(
-            t,
-            "semantics: {}",
+        s.semantics = Some(
             match self.semantics() {
-                Semantics::Sysv => "sysv (a segment lives until IPC_RMID and its last detach)",
-                Semantics::Mirage => "mirage (the last detach destroys a segment, fleisch89 §2.2)",
+                Semantics::Sysv => "sysv",
+                Semantics::Mirage => "mirage",
             }
+            .into(),
         );
-        let _ = writeln!(t, "shmids on this site:");
-        if ids.table.in_use() == 0 {
-            let _ = writeln!(t, "  none");
-        }
         for (id, e) in ids.table.iter() {
-            let _ = writeln!(
-                t,
-                "  shmid {id}: key {}{}, segment {}, {} bytes, owner {}:{}, mode {:o}, nattch {}",
-                e.perm.key,
-                if e.perm.mode & SHM_DEST != 0 {
-                    " (removed)"
-                } else {
-                    ""
-                },
-                super::node::seg_name(e.segment),
-                e.size,
-                e.perm.uid,
-                e.perm.gid,
-                e.perm.mode & 0o777,
-                ids.nattch(id)
-            );
+            s.shmids.push(super::status::ShmidStatus {
+                shmid: id,
+                key: e.perm.key,
+                removed: e.perm.mode & SHM_DEST != 0,
+                segment: super::node::seg_name(e.segment),
+                bytes: e.size,
+                uid: e.perm.uid,
+                gid: e.perm.gid,
+                mode: e.perm.mode & 0o777,
+                nattch: ids.nattch(id),
+            });
         }
-        t
+        Ok(s)
     }
 
     /// Sets Δ (in ticks) for every page of a segment created on this site
