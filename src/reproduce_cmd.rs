@@ -57,7 +57,7 @@ pub struct Args {
 
 /// The papers whose sweeps are sweep files (experiments/PAPER/*.sweep.toml),
 /// run by the backend; the others run their sweeps in this process.
-const SWEEP_FILE_PAPERS: [Paper; 2] = [Paper::Balan92, Paper::Romanescu10];
+const SWEEP_FILE_PAPERS: [Paper; 3] = [Paper::Black89, Paper::Balan92, Paper::Romanescu10];
 
 fn provenance() -> mmulab_report::Provenance {
     mmulab_report::Provenance {
@@ -81,7 +81,7 @@ fn run_one(
     let progress = |m: &str| spin.step(&format!("{}: {m}", paper.name()));
     let mut epilogue = String::new();
     let table: ReproTable = match paper {
-        Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
+        Paper::Black89 => r::black89::reproduce(src, quick, out, backend, &progress)?,
         Paper::Balan92 => r::balan92::reproduce(src, quick, out, backend, &progress)?,
         Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
         Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, backend, &progress)?,
