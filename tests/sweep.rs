@@ -526,7 +526,13 @@ fn balan92s_sweep_files_run_by_hand_give_the_reproductions_numbers() {
                 "speedup",
                 serde_json::json!({"copies": k, "cpus": 4, "test": test}),
             );
-            assert_eq!(by_hand, shown, "Fig. 4 {test} x{k}");
+            // The same arithmetic on the same cycles; the only slack is
+            // serde_json's float parser, which may land one ulp off the
+            // shortest text the report printed.
+            assert!(
+                (by_hand - shown).abs() <= 2.0 * f64::EPSILON * shown.abs(),
+                "Fig. 4 {test} x{k}: by hand {by_hand}, reproduction {shown}"
+            );
             compared += 1;
         }
     }

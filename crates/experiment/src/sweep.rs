@@ -847,6 +847,58 @@ mod tests {
     }
 
     #[test]
+    fn quick_replaces_seeds_grid_lists_and_points_only_when_asked() {
+        let text = "base = \"base.toml\"\nseeds = { start = 1, count = 20 }\nraw = [\"h\"]\n[grid]\nprotocol = [\"mach\", \"global\"]\n\"workload.children\" = [1, 2, 3]\n[[point]]\n\"machine.cpus\" = 4\n[[point]]\n\"machine.cpus\" = 8\n[quick]\nseeds = { start = 1, count = 3 }\n[quick.grid]\n\"workload.children\" = [2]\n\"kernel.hz\" = [50]\n[[quick.point]]\n\"machine.cpus\" = 8\n";
+        let dir = std::env::temp_dir().join(format!("mmulab-plan-quick-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("base.toml"), BASE).unwrap();
+        let full =
+            Sweep::parse_with(text, "s.toml", false, &|n| read_base(n, &dir, "s.toml")).unwrap();
+        let quick =
+            Sweep::parse_with(text, "s.toml", true, &|n| read_base(n, &dir, "s.toml")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((full.points.len(), full.seeds.count), (12, 20));
+        assert_eq!(
+            full.columns,
+            ["machine.cpus", "protocol", "workload.children"]
+        );
+        assert_eq!((quick.points.len(), quick.seeds.count), (2, 3));
+        assert_eq!(
+            quick.columns,
+            ["kernel.hz", "machine.cpus", "protocol", "workload.children"]
+        );
+        let shown: Vec<String> = quick.points.iter().map(|p| p.sets().join(" ")).collect();
+        assert_eq!(
+            shown,
+            [
+                "kernel.hz=50 machine.cpus=8 protocol=\"mach\" workload.children=2",
+                "kernel.hz=50 machine.cpus=8 protocol=\"global\" workload.children=2",
+            ]
+        );
+        assert_eq!(quick.raw.as_deref(), Some(&["h".to_string()][..]));
+        // The expanded copy keeps `raw` and needs no [quick].
+        let copy = parse(&quick.to_toml("base.toml")).unwrap();
+        assert_eq!(copy.sha256, quick.sha256);
+    }
+
+    #[test]
+    fn raw_outcomes_travel_as_exact_text() {
+        let r = Raw {
+            seed: 3,
+            end_cycles: 10,
+            timed_out: false,
+            violations: 0,
+            counters: Default::default(),
+            samples: [("h".to_string(), vec![0.1 + 0.2, 1e300, -0.0, 5.0])].into(),
+            figures: [("f".to_string(), std::f64::consts::PI / 7.0)].into(),
+            verdict: "consistent".into(),
+        };
+        let back: Raw = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        assert!(back.samples("h")[2].is_sign_negative());
+    }
+
+    #[test]
     fn shards_cover_every_task_once_in_order() {
         for tasks in [0usize, 1, 5, 16, 301] {
             for n in 1..=7u64 {
