@@ -1,6 +1,10 @@
 //! Paper reproductions: `mmulab reproduce PAPER`. Each reads its specs from
 //! `experiments/PAPER/`, where the paper's numbers sit in a `[paper]`
-//! table beside the spec, runs them, and returns the shared rows.
+//! table beside the spec, runs them, and returns the shared rows. The
+//! grids of black89 Fig. 2, balan92 Figs. 1-4 and romanescu10 Figs. 7-8
+//! are sweep files (`experiments/PAPER/*.sweep.toml`, the format of
+//! `mmulab sweep`), whose tasks a [`Backend`] runs ([`run_sweep`]): this
+//! process's threads, or a Slurm job array.
 
 pub mod balan92;
 pub mod black89;
