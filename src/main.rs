@@ -211,6 +211,16 @@ enum Command {
         /// array of them) on stdout instead of the tables.
         #[arg(long)]
         json: bool,
+        /// Where the sweep files' tasks run (experiments/PAPER/*.sweep.toml:
+        /// balan92 and romanescu10): this machine's cores, or a Slurm job
+        /// array per sweep file (folders under OUT/sweeps, or
+        /// sweeps/reproduce without --out; the same rows either way).
+        #[arg(long, value_enum, default_value_t = sweep_cmd::Backend::Local)]
+        backend: sweep_cmd::Backend,
+        /// slurm: an sbatch option for every array task (repeat it), as
+        /// `mmulab sweep --slurm-arg`.
+        #[arg(long = "slurm-arg", value_name = "OPTION", allow_hyphen_values = true)]
+        slurm_args: Vec<String>,
     },
     /// Run a grid of specs and seeds (a sweep file) on this machine's cores
     /// or as a Slurm job array, into tidy results.csv and summary.csv.
@@ -699,6 +709,8 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             experiments,
             markdown,
             json,
+            backend,
+            slurm_args,
         } => {
             let ok = reproduce_cmd::run(reproduce_cmd::Args {
                 paper,
@@ -707,6 +719,8 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 experiments,
                 markdown,
                 json,
+                backend,
+                slurm_args,
             })?;
             Ok(verdict(ok))
         }

@@ -49,7 +49,15 @@ pub struct Args {
     pub markdown: Option<PathBuf>,
     /// Print the reports as JSON instead of the tables.
     pub json: bool,
+    /// Where the sweep files' tasks run.
+    pub backend: crate::sweep_cmd::Backend,
+    /// slurm: sbatch options for every array task.
+    pub slurm_args: Vec<String>,
 }
+
+/// The papers whose sweeps are sweep files (experiments/PAPER/*.sweep.toml),
+/// run by the backend; the others run their sweeps in this process.
+const SWEEP_FILE_PAPERS: [Paper; 3] = [Paper::Black89, Paper::Balan92, Paper::Romanescu10];
 
 fn provenance() -> mmulab_report::Provenance {
     mmulab_report::Provenance {
@@ -89,6 +97,7 @@ fn run_one(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn mmulab_experiment::reproduce::Backend,
 ) -> anyhow::Result<Result<(ReproReport, String), Stopped>> {
     use mmulab_experiment::reproduce as r;
     // On a terminal a spinner shows the step and the time so far;
@@ -109,10 +118,10 @@ fn run_one(
     let mut epilogue = String::new();
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         anyhow::Ok(match paper {
-            Paper::Black89 => r::black89::reproduce(src, quick, out, &progress)?,
-            Paper::Balan92 => r::balan92::reproduce(src, quick, out, &progress)?,
+            Paper::Black89 => r::black89::reproduce(src, quick, out, backend, &progress)?,
+            Paper::Balan92 => r::balan92::reproduce(src, quick, out, backend, &progress)?,
             Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
-            Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, &progress)?,
+            Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, backend, &progress)?,
             Paper::Fleisch89 => {
                 let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
                 epilogue = mmulab_mirage::cli::reproduce_epilogue();
@@ -182,6 +191,32 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
+    let backend: Box<dyn mmulab_experiment::reproduce::Backend> = match args.backend {
+        crate::sweep_cmd::Backend::Local => {
+            if !args.slurm_args.is_empty() {
+                anyhow::bail!("--slurm-arg goes with --backend slurm");
+            }
+            Box::new(mmulab_experiment::reproduce::Local)
+        }
+        crate::sweep_cmd::Backend::Slurm => {
+            // Each sweep file's results folder: OUT/sweeps/PAPER/NAME, or
+            // sweeps/reproduce/PAPER/NAME without --out.
+            let root = match &args.out {
+                Some(o) => o.join("sweeps"),
+                None => PathBuf::from("sweeps/reproduce"),
+            };
+            Box::new(mmulab_sweep::repro::SlurmBackend {
+                root,
+                quick: args.quick,
+                build: crate::sweep_cmd::build()?,
+                opts: mmulab_sweep::slurm::SlurmOptions {
+                    max_running: None,
+                    args: args.slurm_args.clone(),
+                },
+                progress: Box::new(|m: &str| crate::ui::note(m.to_string())),
+            })
+        }
+    };
     // Ctrl-C stops the paper in progress at its next seed or step (a seed
     // running stops inside its simulation): the papers done are printed
     // and written as usual, and the one stopped is named with the steps
@@ -193,13 +228,20 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
         if crate::ui::stopped() {
             break;
         }
-        let (report, epilogue) = match run_one(p, &src, args.quick, args.out.as_deref())? {
-            Ok(r) => r,
-            Err(stopped) => {
-                eprintln!("{}", stopped.note());
-                break;
-            }
-        };
+        if args.backend == crate::sweep_cmd::Backend::Slurm && !SWEEP_FILE_PAPERS.contains(&p) {
+            crate::ui::note(format!(
+                "{}: its sweeps are not sweep files yet; they run in this process, not through Slurm",
+                p.name()
+            ));
+        }
+        let (report, epilogue) =
+            match run_one(p, &src, args.quick, args.out.as_deref(), backend.as_ref())? {
+                Ok(r) => r,
+                Err(stopped) => {
+                    eprintln!("{}", stopped.note());
+                    break;
+                }
+            };
         if !args.json {
             print!("{}", report.render());
             print!("{epilogue}");

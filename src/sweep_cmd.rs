@@ -43,6 +43,10 @@ pub struct SweepArgs {
     /// Finish a sweep already started in --out: skip the tasks done.
     #[arg(long)]
     resume: bool,
+    /// Apply the sweep file's `[quick]` table (fewer seeds or points: what
+    /// `mmulab reproduce --quick` runs).
+    #[arg(long)]
+    quick: bool,
     /// slurm: wait for the job array, merge, and exit as a local run does.
     #[arg(long)]
     wait: bool,
@@ -75,7 +79,7 @@ macro_rules! say {
     };
 }
 
-fn build() -> Result<Build, SweepError> {
+pub fn build() -> Result<Build, SweepError> {
     Build::current(
         env!("CARGO_PKG_VERSION"),
         option_env!("MMULAB_GIT_COMMIT").unwrap_or("unknown"),
@@ -97,7 +101,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         None => {}
     }
     let path = a.sweep.expect("clap requires SWEEP without a subcommand");
-    let sweep = Sweep::load(&path)?;
+    let sweep = Sweep::load_quick(&path, a.quick).map_err(SweepError::from)?;
     let out = a.out.unwrap_or_else(|| {
         let stem = path.file_stem().map_or("sweep".into(), |s| s.to_owned());
         Path::new("sweeps").join(stem)
@@ -140,7 +144,7 @@ pub fn check(
     let text = format!(
         "kind = \"check\"\nseeds = {{ start = {start}, count = {seeds} }}\n[grid]\nprotocol = [\"{protocol}\"]\n"
     );
-    let sweep = Sweep::parse(&text, "mmulab check", Path::new("."))?;
+    let sweep = Sweep::parse(&text, "mmulab check", Path::new(".")).map_err(SweepError::from)?;
     let out = out
         .unwrap_or_else(|| Path::new("sweeps").join(format!("check-{protocol}-{start}-{seeds}")));
     execute(&sweep, "mmulab check", out, opts)

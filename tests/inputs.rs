@@ -428,8 +428,8 @@ fn ctrl_c_stops_host_shootdown_with_what_was_measured() {
         return;
     }
     // A whole run's points, to tell a cut run from a finished one.
-    let full: serde_json::Value = serde_json::from_str(&String::from_utf8_lossy(&probe.stdout))
-        .expect("the probe's JSON");
+    let full: serde_json::Value =
+        serde_json::from_str(&String::from_utf8_lossy(&probe.stdout)).expect("the probe's JSON");
     let all_points = full["points"].as_array().map_or(0, Vec::len);
     // Reps for a baseline of about 1.5 s (a responder's repetition takes
     // longer than a baseline one), interrupted at 3 s: most likely in the

@@ -407,6 +407,16 @@ fn every_experiment_outside_paper_data_is_a_runnable_spec() {
         {
             continue;
         }
+        // A reproduction's sweep file: a sweep whose every point, full
+        // and --quick, is a valid spec.
+        if path.to_string_lossy().ends_with(".sweep.toml") {
+            for quick in [false, true] {
+                if let Err(e) = mmulab_experiment::sweep::Sweep::load_quick(&path, quick) {
+                    panic!("{} (quick: {quick}): {e}", path.display());
+                }
+            }
+            continue;
+        }
         if let Err(e) = mmulab_experiment::Spec::load(&path, &[]) {
             panic!("{}: {e}", path.display());
         }

@@ -443,3 +443,182 @@ fn a_slurm_job_array_gives_the_same_bytes_as_local() {
     assert!(text(&o).contains("all done already"), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// `mmulab reproduce balan92 --quick --json` on this machine's cores, run
+/// once for the tests that compare with it.
+fn balan92_local() -> &'static serde_json::Value {
+    static R: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let o = mmulab(&["reproduce", "balan92", "--quick", "--json"]);
+        assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).expect("JSON")
+    })
+}
+
+/// The reproduction's row `quantity` of `artefact` at `conditions`.
+fn row(report: &serde_json::Value, artefact: &str, quantity: &str, at: serde_json::Value) -> f64 {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["artefact"] == artefact && r["quantity"] == quantity && r["conditions"] == at)
+        .unwrap_or_else(|| panic!("no row {artefact} {quantity} at {at}"))["mmulab"]
+        .as_f64()
+        .unwrap()
+}
+
+/// results.csv's `metric` for the tasks whose key columns hold `at`.
+fn metric(results: &str, metric: &str, at: &[(&str, &str)]) -> Vec<String> {
+    let mut r = csv::Reader::from_reader(results.as_bytes());
+    let h = r.headers().unwrap().clone();
+    let col = |n: &str| {
+        h.iter()
+            .position(|x| x == n)
+            .unwrap_or_else(|| panic!("no column {n}"))
+    };
+    let (m, v) = (col("metric"), col("value"));
+    let keys: Vec<(usize, &str)> = at.iter().map(|(k, x)| (col(k), *x)).collect();
+    r.records()
+        .map(|x| x.unwrap())
+        .filter(|x| x[m] == *metric && keys.iter().all(|(c, val)| &x[*c] == *val))
+        .map(|x| x[v].to_string())
+        .collect()
+}
+
+/// A reproduction's sweep file run by hand (`mmulab sweep FILE --quick`)
+/// gives the numbers the reproduction's rows show: Fig. 4's speedups from
+/// the tasks' simulated cycles, Fig. 1's means from the initiator's
+/// histogram.
+#[test]
+fn balan92s_sweep_files_run_by_hand_give_the_reproductions_numbers() {
+    let rep = balan92_local();
+    let d = tmp("balan92-by-hand");
+    let f4 = d.join("fig4");
+    let o = sweep(&[
+        "experiments/balan92/fig4-fork.sweep.toml",
+        "--quick",
+        "--out",
+        f4.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let results = read(&f4.join("results.csv"));
+    let mut compared = 0;
+    for test in ["fork-exit", "fork-exec-exit", "fork-sbrk-exit"] {
+        let t = |k: u64| -> f64 {
+            let ks = k.to_string();
+            let v = metric(
+                &results,
+                "simulated_cycles",
+                &[
+                    ("workload.test", test),
+                    ("workload.copies", &ks),
+                    ("workload.repeats", "3"),
+                ],
+            );
+            assert_eq!(v.len(), 1, "{test} x{k}: {v:?}");
+            v[0].parse().unwrap()
+        };
+        for k in 1..=4u64 {
+            let by_hand = k as f64 * t(1) / t(k);
+            let shown = row(
+                rep,
+                "Fig. 4",
+                "speedup",
+                serde_json::json!({"copies": k, "cpus": 4, "test": test}),
+            );
+            // The same arithmetic on the same cycles; the only slack is
+            // serde_json's float parser, which may land one ulp off the
+            // shortest text the report printed.
+            assert!(
+                (by_hand - shown).abs() <= 2.0 * f64::EPSILON * shown.abs(),
+                "Fig. 4 {test} x{k}: by hand {by_hand}, reproduction {shown}"
+            );
+            compared += 1;
+        }
+    }
+    let f1 = d.join("fig1");
+    let o = sweep(&[
+        "experiments/balan92/fig1-basic.sweep.toml",
+        "--quick",
+        "--out",
+        f1.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let results = read(&f1.join("results.csv"));
+    for n in 2..=6u64 {
+        let ns = n.to_string();
+        let v = metric(
+            &results,
+            "hat.shutdown.basic.initiator_us.mean",
+            &[("machine.cpus", &ns)],
+        );
+        assert_eq!(v.len(), 1, "cpus={n}: {v:?}");
+        let by_hand: f64 = v[0].parse().unwrap();
+        let shown = row(
+            rep,
+            "Fig. 1",
+            "basic_initiator_time",
+            serde_json::json!({ "cpus": n }),
+        );
+        // The sweep converts the mean of the cycles to µs, the row takes
+        // the mean of the samples in µs: the same number to rounding.
+        assert!(
+            (by_hand - shown).abs() <= 1e-9 * shown.abs(),
+            "Fig. 1 cpus={n}: by hand {by_hand}, reproduction {shown}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 17);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `mmulab reproduce balan92 --quick --backend slurm`: its sweep files run
+/// as job arrays, and the report is the local one (but its provenance).
+#[test]
+fn reproduce_through_slurm_gives_the_local_rows() {
+    if let Err(why) = slurm_ready() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Slurm must run in CI: {why}"
+        );
+        eprintln!("SKIPPED: reproduce through Slurm: Slurm cannot start here: {why}");
+        return;
+    }
+    let d = tmp("reproduce-slurm");
+    let o = mmulab(&[
+        "reproduce",
+        "balan92",
+        "--quick",
+        "--json",
+        "--backend",
+        "slurm",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+    let slurm: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let local = balan92_local();
+    for k in [
+        "rows",
+        "headline",
+        "seeds",
+        "calibration",
+        "not_reproduced",
+        "quick",
+    ] {
+        assert_eq!(slurm[k], local[k], "`{k}` differs between Slurm and local");
+    }
+    // Each sweep file ran as its own sweep folder, merged.
+    for name in [
+        "fig1-basic-quick",
+        "fig2-lazy-quick",
+        "fig3-immediate-quick",
+        "fig4-fork-quick",
+    ] {
+        let f = d.join("sweeps/balan92").join(name);
+        assert!(f.join("results.csv").is_file(), "{}", f.display());
+        let m = read(&f.join("manifest.json"));
+        assert!(m.contains("\"slurm_jobs\""), "{m}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -11,6 +11,7 @@ pub mod reproduce;
 pub mod results;
 pub mod run;
 pub mod spec;
+pub mod sweep;
 
 pub use budget::{Budget, Estimate};
 pub use results::Results;

@@ -175,7 +175,14 @@ fn l1_trick_shortens_the_responders_spin_for_large_ranges() {
 #[test]
 fn reproduce_balan92_quick_gives_every_row() {
     let src = mmulab_report::Experiments::Embedded;
-    let t = mmulab_experiment::reproduce::balan92::reproduce(&src, true, None, &|_| {}).unwrap();
+    let t = mmulab_experiment::reproduce::balan92::reproduce(
+        &src,
+        true,
+        None,
+        &mmulab_experiment::reproduce::Local,
+        &|_| {},
+    )
+    .unwrap();
     for (artefact, quantity) in [
         ("Fig. 1", "basic_initiator_time"),
         ("Fig. 2", "overhead_over_basic"),

@@ -7,6 +7,7 @@
 pub mod local;
 pub mod merge;
 pub mod plan;
+pub mod repro;
 pub mod slurm;
 pub mod store;
 pub mod task;
@@ -32,6 +33,15 @@ pub enum SweepError {
     TasksFailed(String),
     #[error("slurm: {0}")]
     Slurm(String),
+}
+
+impl From<plan::PlanError> for SweepError {
+    fn from(e: plan::PlanError) -> SweepError {
+        match e {
+            plan::PlanError::Invalid(s) => SweepError::Invalid(s),
+            plan::PlanError::Io { path, err } => SweepError::Io { path, err },
+        }
+    }
 }
 
 impl SweepError {

@@ -49,6 +49,10 @@ pub struct TaskRecord {
     /// has no metrics and is run again by `--resume`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// The raw outcome, when the sweep names `raw` histograms (the paper
+    /// reproductions read it; the merge does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<mmulab_experiment::sweep::Raw>,
     /// Host time the task took: for `sweep status`, never in results.
     pub wall_s: f64,
 }
@@ -64,6 +68,7 @@ impl TaskRecord {
             &self.note,
             &self.liveness,
             &self.failed,
+            &self.raw,
         ) == (
             o.task,
             &o.id,
@@ -72,6 +77,7 @@ impl TaskRecord {
             &o.note,
             &o.liveness,
             &o.failed,
+            &o.raw,
         )
     }
 }
@@ -159,20 +165,23 @@ struct Outcome {
     metrics: Vec<Metric>,
     note: Option<String>,
     liveness: Option<String>,
+    raw: Option<mmulab_experiment::sweep::Raw>,
 }
 
 fn run_one(sweep: &Sweep, task: Task) -> Outcome {
     match sweep.kind {
         Kind::Run => {
-            let mut spec = sweep.points[task.point]
+            let spec = sweep.points[task.point]
                 .spec
-                .clone()
+                .as_ref()
                 .expect("run sweeps validate a spec for every point");
-            spec.seed = task.seed;
-            spec.runs = 1;
-            let out = mmulab_experiment::run::run_seed(&spec, task.seed);
+            let out = mmulab_experiment::sweep::run_seed_of(sweep, task);
+            let raw = sweep
+                .raw
+                .as_ref()
+                .map(|h| mmulab_experiment::sweep::Raw::of(&out, h));
             // Wall time is zeroed: it lands in `host`, which no metric reads.
-            let r = mmulab_experiment::run::merge(&spec, vec![out], 0.0);
+            let r = mmulab_experiment::run::merge(spec, vec![out], 0.0);
             let note = r.oracle.first.first().map(|v| {
                 format!(
                     "{} thread {} used a stale translation of {:#x} at {} after `{}` by {}",
@@ -190,6 +199,7 @@ fn run_one(sweep: &Sweep, task: Task) -> Outcome {
                 metrics: run_metrics(&r),
                 note,
                 liveness,
+                raw,
             }
         }
         Kind::Check => {
@@ -218,6 +228,7 @@ fn run_one(sweep: &Sweep, task: Task) -> Outcome {
                 metrics: m.list,
                 note: r.first,
                 liveness: r.liveness,
+                raw: None,
             }
         }
     }
@@ -238,6 +249,7 @@ pub fn run_task(sweep: &Sweep, task: Task) -> TaskRecord {
             note: o.note,
             liveness: o.liveness,
             failed: None,
+            raw: o.raw,
             wall_s,
         },
         Err(payload) => {
@@ -254,6 +266,7 @@ pub fn run_task(sweep: &Sweep, task: Task) -> TaskRecord {
                 note: None,
                 liveness: None,
                 failed: Some(msg),
+                raw: None,
                 wall_s,
             }
         }

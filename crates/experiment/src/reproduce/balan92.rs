@@ -24,7 +24,7 @@ use mmulab_engine::{Clock, LinearFit, mean_ci95};
 use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
-use super::PaperSpec;
+use super::{Backend, PaperSpec, SweepRun, run_sweep};
 use crate::run::run_seed;
 use crate::spec::SpecError;
 
@@ -43,55 +43,46 @@ struct Point {
     initiators_us: Vec<f64>,
 }
 
-fn sweep(ps: &PaperSpec, hist: &str, responder_hist: &str) -> Result<Vec<Point>, SpecError> {
-    sweep_at(ps, &ps.list("cpus")?, hist, responder_hist)
-}
-
-/// [`sweep`] at the given CPU counts.
-fn sweep_at(
-    ps: &PaperSpec,
-    cpus: &[u64],
-    hist: &str,
-    responder_hist: &str,
-) -> Result<Vec<Point>, SpecError> {
-    let specs: Vec<_> = cpus
-        .iter()
-        .map(|&n| ps.spec(&[format!("machine.cpus={n}")]).map(|s| (n, s)))
-        .collect::<Result<_, _>>()?;
-    let points = specs
-        .par_iter()
-        .map(|(n, spec)| {
-            let out = run_seed(spec, spec.seed);
-            assert_eq!(
-                out.sim.oracle.violations, 0,
-                "{} cpus={n}: the oracle found violations",
-                ps.origin
-            );
-            let clock = Clock::new(spec.costs.clock_hz);
+/// The points at `cpus` of a figure's sweep (`machine.cpus` swept, one
+/// seed per point): the initiator's samples from `hist` and the
+/// responders' from `responder_hist`.
+fn points_at(run: &SweepRun, cpus: &[u64], hist: &str, responder_hist: &str) -> Vec<Point> {
+    assert_eq!(
+        run.sweep.seeds.count, 1,
+        "one run (seed) per point; each point's CI is over its samples"
+    );
+    cpus.iter()
+        .map(|&n| {
+            let i = run
+                .point(&[("machine.cpus", toml::Value::Integer(n as i64))])
+                .unwrap_or_else(|| panic!("the sweep has no point at machine.cpus={n}"));
+            let out = &run.of_point(i)[0];
+            assert_eq!(out.violations, 0, "cpus={n}: the oracle found violations");
+            let clock = Clock::new(run.spec(i).costs.clock_hz);
             let us = |name: &str| -> Vec<f64> {
-                out.sim
-                    .hists
-                    .get(name)
-                    .map(|h| h.samples().iter().map(|&c| clock.us_f64(c)).collect())
-                    .unwrap_or_default()
+                out.samples(name).iter().map(|&c| clock.us_f64(c)).collect()
             };
             let initiators_us = us(hist);
-            assert!(
-                !initiators_us.is_empty(),
-                "{} cpus={n}: no `{hist}` samples",
-                ps.origin
-            );
+            assert!(!initiators_us.is_empty(), "cpus={n}: no `{hist}` samples");
             let (mean, lo, hi) = mean_ci95(&initiators_us);
             Point {
-                cpus: *n,
+                cpus: n,
                 initiator_us: mean,
                 ci_us: (lo, hi),
                 responders_us: us(responder_hist),
                 initiators_us,
             }
         })
-        .collect();
-    Ok(points)
+        .collect()
+}
+
+/// A figure's CPU counts: those its sweep file lists, but the "tens of
+/// processors" (`tens`), which the same sweep runs for the claim below.
+fn figure_cpus(run: &SweepRun, tens: &[u64]) -> Vec<u64> {
+    run.integers("machine.cpus")
+        .into_iter()
+        .filter(|n| !tens.contains(n))
+        .collect()
 }
 
 /// The 95 % CI of `Σ w · mean(samples)` over several points' samples.
@@ -579,56 +570,45 @@ fn pageout(src: &Experiments, table: &mut ReproTable) -> Result<(), SpecError> {
 /// CPUs. Returns (test, [(k, speedup)]) for the plot.
 type Speedups = Vec<(String, Vec<(f64, f64)>)>;
 
-fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedups, SpecError> {
+fn fig4(
+    src: &Experiments,
+    quick: bool,
+    backend: &dyn Backend,
+    table: &mut ReproTable,
+) -> Result<Speedups, SpecError> {
     let f4 = PaperSpec::load(src, "balan92/fig4-fork.toml")?;
-    let copies = f4.list("copies")?;
     let tol = f4.number("speedup_tolerance_pct")?;
-    let mut runs = Vec::new();
-    for (test, key) in [
-        ("fork-exit", "fork_exit_sizes_kb"),
-        ("fork-exec-exit", "fork_exec_exit_sizes_kb"),
-        ("fork-sbrk-exit", "fork_sbrk_exit_sizes_kb"),
-    ] {
-        let sizes = f4.list(key)?;
-        let sizes = format!(
-            "[{}]",
-            sizes
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+    // The tests, their sizes and the copies are the sweep file's points.
+    let run = run_sweep(src, "balan92/fig4-fork.sweep.toml", quick, backend)?;
+    let copies = run.integers("workload.copies");
+    let outcome = |test: &str, k: u64| {
+        &run.at(&[
+            ("workload.test", toml::Value::from(test)),
+            ("workload.copies", toml::Value::Integer(k as i64)),
+        ])[0]
+    };
+    for test in ["fork-exit", "fork-exec-exit", "fork-sbrk-exit"] {
         for &k in &copies {
-            let mut sets = vec![
-                format!("workload.test=\"{test}\""),
-                format!("workload.sizes_kb={sizes}"),
-                format!("workload.copies={k}"),
-            ];
-            if quick {
-                sets.push("workload.repeats=3".into());
-            }
-            runs.push((test, k, f4.spec(&sets)?));
+            let out = outcome(test, k);
+            assert_eq!(
+                out.violations, 0,
+                "{test} x{k}: the oracle found violations"
+            );
+            assert_eq!(out.verdict, "consistent", "{test} x{k}");
+            assert_eq!(out.counters.get("lockorder.violations"), 0, "{test} x{k}");
         }
     }
-    let ends: Vec<(&str, u64, f64, mmulab_engine::Counters)> = runs
-        .par_iter()
-        .map(|(test, k, spec)| {
-            let out = run_seed(spec, spec.seed);
-            assert_eq!(
-                out.sim.oracle.violations, 0,
-                "{} {test} x{k}: the oracle found violations",
-                f4.origin
-            );
-            assert_eq!(out.workload.verdict, "consistent", "{test} x{k}");
-            assert_eq!(
-                out.sim.counters.get("lockorder.violations"),
-                0,
-                "{test} x{k}"
-            );
-            (*test, *k, out.sim.end.0 as f64, out.sim.counters)
-        })
-        .collect();
-    let clock_hz = runs[0].2.costs.clock_hz;
+    let ends: Vec<(&str, u64, f64, &mmulab_engine::Counters)> =
+        ["fork-exit", "fork-exec-exit", "fork-sbrk-exit"]
+            .iter()
+            .flat_map(|&test| {
+                copies.iter().map(move |&k| {
+                    let out = outcome(test, k);
+                    (test, k, out.end_cycles as f64, &out.counters)
+                })
+            })
+            .collect();
+    let clock_hz = run.spec(0).costs.clock_hz;
     let mut plot = Vec::new();
     for test in ["fork-exit", "fork-exec-exit", "fork-sbrk-exit"] {
         let t = |k: u64| {
@@ -661,7 +641,7 @@ fn fig4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Result<Speedu
             );
         }
         let kmax = *copies.last().expect("copies");
-        let counters = &ends
+        let counters = ends
             .iter()
             .find(|e| e.0 == test && e.1 == kmax)
             .expect("ran")
@@ -1282,6 +1262,7 @@ pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn Backend,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
@@ -1297,14 +1278,18 @@ pub fn reproduce(
     let fitted2: Vec<&str> = fitted2.iter().map(String::as_str).collect();
 
     progress("Fig. 1: hat_shutdown(HAT_NOCOOKIE), 2-6 CPUs");
-    let fig1 = PaperSpec::load(src, "balan92/fig1-basic.toml")?;
+    let fig2 = PaperSpec::load(src, "balan92/fig2-lazy.toml")?;
+    // Figs. 1-3 and the "tens of processors" run as one sweep file per
+    // figure, each over the figure's CPU counts and the tens.
+    let tens = fig2.list("tens_cpus")?;
+    let run1 = run_sweep(src, "balan92/fig1-basic.sweep.toml", quick, backend)?;
     // One run (seed) per point; each point's CI is over its samples.
-    table.seeds(fig1.spec(&[])?.seed, 1);
-    let basic = sweep(
-        &fig1,
+    table.seeds(run1.sweep.seeds.start, run1.sweep.seeds.count);
+    let (hist1, resp1) = (
         "hat.shutdown.basic.initiator_cycles",
         "shootdown.kernel.responder_cycles",
-    )?;
+    );
+    let basic = points_at(&run1, &figure_cpus(&run1, &tens), hist1, resp1);
     let basic_fit = fit(&basic);
     let range = cpu_range(&basic);
     for p in &basic {
@@ -1381,12 +1366,12 @@ pub fn reproduce(
     );
 
     progress("Fig. 2: the lazy algorithm, cookie newer than every CPU");
-    let fig2 = PaperSpec::load(src, "balan92/fig2-lazy.toml")?;
-    let lazy = sweep(
-        &fig2,
+    let run2 = run_sweep(src, "balan92/fig2-lazy.sweep.toml", quick, backend)?;
+    let (hist2, resp2) = (
         "hat.shutdown.lazy.initiator_cycles",
         "shootdown.kernel.responder_cycles",
-    )?;
+    );
+    let lazy = points_at(&run2, &figure_cpus(&run2, &tens), hist2, resp2);
     let lazy_fit = fit(&lazy);
     let tol2 = fig2.number("tolerance_pct")?;
     let overhead2 = fig2.number("overhead_over_basic_us")?;
@@ -1448,11 +1433,12 @@ pub fn reproduce(
 
     progress("Fig. 3: the immediate algorithm, one page unmapped");
     let fig3 = PaperSpec::load(src, "balan92/fig3-immediate.toml")?;
-    let imm = sweep(
-        &fig3,
+    let run3 = run_sweep(src, "balan92/fig3-immediate.sweep.toml", quick, backend)?;
+    let (hist3, resp3) = (
         "shootdown.user.initiator_cycles",
         "shootdown.user.responder_cycles",
-    )?;
+    );
+    let imm = points_at(&run3, &figure_cpus(&run3, &tens), hist3, resp3);
     let imm_fit = fit(&imm);
     let tol3 = fig3.number("tolerance_pct")?;
     let overhead3 = fig3.number("overhead_over_basic_us")?;
@@ -1533,26 +1519,10 @@ pub fn reproduce(
     // shutdowns and immediate shutdowns": simulated at 16 and 32 CPUs (a
     // larger Symmetry; the same preset), not the 2-6 line extended.
     progress("Tens of processors: the three algorithms at 16 and 32 CPUs");
-    let tens = fig2.list("tens_cpus")?;
     let tol_tens = fig2.number("tens_tolerance_pct")?;
-    let basic_tens = sweep_at(
-        &fig1,
-        &tens,
-        "hat.shutdown.basic.initiator_cycles",
-        "shootdown.kernel.responder_cycles",
-    )?;
-    let lazy_tens = sweep_at(
-        &fig2,
-        &tens,
-        "hat.shutdown.lazy.initiator_cycles",
-        "shootdown.kernel.responder_cycles",
-    )?;
-    let imm_tens = sweep_at(
-        &fig3,
-        &tens,
-        "shootdown.user.initiator_cycles",
-        "shootdown.user.responder_cycles",
-    )?;
+    let basic_tens = points_at(&run1, &tens, hist1, resp1);
+    let lazy_tens = points_at(&run2, &tens, hist2, resp2);
+    let imm_tens = points_at(&run3, &tens, hist3, resp3);
     for (name, small, big, line) in [
         ("basic", &basic, &basic_tens, &basic_fit),
         ("lazy", &lazy, &lazy_tens, &lazy_fit),
@@ -1643,7 +1613,7 @@ pub fn reproduce(
     pageout(src, &mut table)?;
 
     progress("Fig. 4: concurrent fork/exec/exit copies on 4 CPUs");
-    let speedups = fig4(src, quick, &mut table)?;
+    let speedups = fig4(src, quick, backend, &mut table)?;
 
     progress("§Analysis: lock contention in the four scenarios (4 CPUs)");
     analysis(src, &mut table)?;
@@ -1766,7 +1736,7 @@ mod tests {
     #[test]
     fn quick_reproduction_keeps_the_contract() {
         let src = Experiments::Embedded;
-        let t = reproduce(&src, true, None, &|_| {}).unwrap();
+        let t = reproduce(&src, true, None, &super::super::Local, &|_| {}).unwrap();
         assert_eq!(
             t.calibration,
             crate::preset::load(PRESET).unwrap().calibration

@@ -77,10 +77,47 @@ fn initiator_points(
         .collect())
 }
 
+/// [`initiator_points`] from a sweep of `workload.children` = `xs`: each
+/// seed's first initiator sample.
+fn sweep_points(run: &super::SweepRun, xs: &[u64]) -> Vec<Point> {
+    xs.iter()
+        .map(|&x| {
+            let i = run
+                .point(&[("workload.children", toml::Value::Integer(x as i64))])
+                .expect("a swept child count");
+            let clock = Clock::new(run.spec(i).costs.clock_hz);
+            let v: Vec<f64> = run
+                .of_point(i)
+                .iter()
+                .filter_map(|out| {
+                    assert_eq!(
+                        out.violations, 0,
+                        "black89 sweep x={x} seed={}: the oracle found violations",
+                        out.seed
+                    );
+                    out.samples("shootdown.user.initiator_cycles")
+                        .first()
+                        .map(|&c| clock.us_f64(c))
+                })
+                .collect();
+            let s = summarize(&v);
+            let (_, lo, hi) = mean_ci95(&v);
+            Point {
+                x,
+                mean_us: s.mean,
+                sd_us: s.sd,
+                ci_us: (lo, hi),
+                n: v.len(),
+            }
+        })
+        .collect()
+}
+
 pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn super::Backend,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
@@ -91,10 +128,13 @@ pub fn reproduce(
     // Fig. 2.
     progress("Fig. 2: the tester with 1-15 children");
     let fig2 = PaperSpec::load(src, "black89/fig2.toml")?;
-    let runs = if quick { 3 } else { fig2.spec(&[])?.runs };
-    table.seeds(fig2.spec(&[])?.seed, runs);
-    let xs: Vec<u64> = (1..=15).collect();
-    let points = initiator_points(&fig2, &xs, runs, |k| vec![format!("workload.children={k}")])?;
+    // The children and seeds are experiments/black89/fig2.sweep.toml's.
+    let run2 = super::run_sweep(src, "black89/fig2.sweep.toml", quick, backend)?;
+    table.seeds(run2.sweep.seeds.start, run2.sweep.seeds.count);
+    // Runs per point: the sweep's seeds (the knee's sweep below takes as many).
+    let runs = run2.sweep.seeds.count;
+    let xs = run2.integers("workload.children");
+    let points = sweep_points(&run2, &xs);
     let range = fig2.list("fit_over")?;
     let fit_pts: Vec<(f64, f64)> = points
         .iter()

@@ -19,9 +19,10 @@ use mmulab_engine::{LinearFit, mean_ci95};
 use mmulab_report::{Experiments, LinePlot, ReproRow, ReproTable, Series};
 use rayon::prelude::*;
 
-use super::PaperSpec;
+use super::{Backend, PaperSpec, SweepRun, run_sweep};
 use crate::run::run_seed;
 use crate::spec::SpecError;
+use crate::sweep::Raw;
 
 /// What one seed of one configuration measured.
 #[derive(Clone, Debug, Default)]
@@ -152,49 +153,12 @@ fn sweep(
         .par_iter()
         .map(|(i, p, spec, seed)| {
             let out = run_seed(spec, *seed);
-            assert_eq!(
-                out.sim.oracle.violations, 0,
-                "{} {p} cores={} seed {seed}: the oracle found violations",
-                ps.origin, spec.machine.cpus
-            );
-            assert_eq!(
-                out.workload.verdict, "consistent",
-                "{} {p} cores={} seed {seed}: the workload did not finish cleanly",
-                ps.origin, spec.machine.cpus
-            );
-            let h = |n: &str| -> Vec<f64> {
-                out.sim
-                    .hists
-                    .get(n)
-                    .map(|h| h.samples().to_vec())
-                    .unwrap_or_default()
-            };
-            let c = |n: &str| out.sim.counters.get(n) as f64;
-            let initiator = h("shootdown.user.initiator_cycles");
-            let victim = h("shootdown.user.responder_cycles");
-            let runtime = out.workload.figures["runtime_cycles"];
-            // folds from +0.0: an empty f64 `sum` is -0.0, printed "-0.00000%"
-            let total = |v: &[f64]| v.iter().fold(0.0, |a, b| a + b);
-            let s = Sample {
-                runtime,
-                per_thread_runtime: out
-                    .workload
-                    .figures
-                    .get("runtime_cycles_per_thread")
-                    .copied()
-                    .unwrap_or(0.0),
-                shootdowns: c("shootdown.user.events"),
-                shootdown_cycles: total(&initiator),
-                shootdown_cpu_cycles: total(&initiator) + total(&victim),
-                cpu_cycles: runtime * spec.machine.cpus as f64,
-                initiator,
-                victim,
-                pcam_lookups: c("mem.pcam_lookups"),
-                pcam_hits: c("mem.pcam_hits"),
-                pcam_false: c("mem.pcam_false_invalidations"),
-                jetty_filtered: c("mem.jetty_filtered"),
-            };
-            ((*i, p.clone()), s)
+            let raw = Raw::of(&out, &raw_hists());
+            let what = format!("{} {p} cores={} seed {seed}", ps.origin, spec.machine.cpus);
+            (
+                (*i, p.clone()),
+                sample(&raw, spec.machine.cpus as u64, &what),
+            )
         })
         .collect();
     let mut map: BTreeMap<(usize, String), Vec<Sample>> = BTreeMap::new();
@@ -202,6 +166,49 @@ fn sweep(
         map.entry(k).or_default().push(s);
     }
     Ok(map)
+}
+
+/// The histograms whose samples a [`Sample`] reads.
+fn raw_hists() -> Vec<String> {
+    vec![
+        "shootdown.user.initiator_cycles".into(),
+        "shootdown.user.responder_cycles".into(),
+    ]
+}
+
+/// What one seed measured, from its raw outcome on `cpus` CPUs; `what`
+/// names the run in a failed check.
+fn sample(out: &Raw, cpus: u64, what: &str) -> Sample {
+    assert_eq!(out.violations, 0, "{what}: the oracle found violations");
+    assert_eq!(
+        out.verdict, "consistent",
+        "{what}: the workload did not finish cleanly"
+    );
+    let h = |n: &str| -> Vec<f64> { out.samples(n).to_vec() };
+    let c = |n: &str| out.counters.get(n) as f64;
+    let initiator = h("shootdown.user.initiator_cycles");
+    let victim = h("shootdown.user.responder_cycles");
+    let runtime = out.figures["runtime_cycles"];
+    // folds from +0.0: an empty f64 `sum` is -0.0, printed "-0.00000%"
+    let total = |v: &[f64]| v.iter().fold(0.0, |a, b| a + b);
+    Sample {
+        runtime,
+        per_thread_runtime: out
+            .figures
+            .get("runtime_cycles_per_thread")
+            .copied()
+            .unwrap_or(0.0),
+        shootdowns: c("shootdown.user.events"),
+        shootdown_cycles: total(&initiator),
+        shootdown_cpu_cycles: total(&initiator) + total(&victim),
+        cpu_cycles: runtime * cpus as f64,
+        initiator,
+        victim,
+        pcam_lookups: c("mem.pcam_lookups"),
+        pcam_hits: c("mem.pcam_hits"),
+        pcam_false: c("mem.pcam_false_invalidations"),
+        jetty_filtered: c("mem.jetty_filtered"),
+    }
 }
 
 /// The share of all CPUs' cycles spent in shootdowns, initiators' and
@@ -253,6 +260,41 @@ impl Grid {
         }
         let map = sweep(ps, &configs, &["linux", "unitd", "ideal"], runs, &[])?;
         Ok(Grid { configs, map })
+    }
+    /// A Fig. 7/8 grid from its sweep file: `machine.cpus` (each with its
+    /// mesh) × `workload.shootdowns` × `protocol`, the seeds per point.
+    fn from_sweep(run: &SweepRun) -> Grid {
+        let mut configs = Vec::new();
+        let mut map = BTreeMap::new();
+        let protocols = run.values("protocol");
+        for c in run.integers("machine.cpus") {
+            for n in run.integers("workload.shootdowns") {
+                let i = configs.len();
+                configs.push(Config {
+                    cores: c,
+                    shootdowns: n,
+                    snooping: false,
+                });
+                for p in &protocols {
+                    let at = [
+                        ("machine.cpus", toml::Value::Integer(c as i64)),
+                        ("workload.shootdowns", toml::Value::Integer(n as i64)),
+                        ("protocol", p.clone()),
+                    ];
+                    let p = p.as_str().expect("protocol names are strings");
+                    let samples = run
+                        .at(&at)
+                        .iter()
+                        .map(|r| {
+                            let what = format!("{p} cores={c} shootdowns={n} seed {}", r.seed);
+                            sample(r, c, &what)
+                        })
+                        .collect();
+                    map.insert((i, p.to_string()), samples);
+                }
+            }
+        }
+        Grid { configs, map }
     }
     fn index(&self, cores: u64, shootdowns: u64) -> Option<usize> {
         self.configs
@@ -351,6 +393,7 @@ pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn Backend,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
@@ -358,12 +401,6 @@ pub fn reproduce(
         .calibration
         .extend(crate::preset::load("x86-simics-2010")?.calibration);
     let runs: u64 = if quick { 3 } else { 20 };
-    let cores: &[u64] = if quick { &[2, 16] } else { &[2, 4, 8, 16] };
-    let counts: &[u64] = if quick {
-        &[0, 4000, 12000]
-    } else {
-        &[0, 1000, 4000, 12000]
-    };
     if let Some(d) = out {
         std::fs::create_dir_all(d).map_err(|err| SpecError::Io {
             path: d.display().to_string(),
@@ -385,8 +422,19 @@ pub fn reproduce(
 
     // ---- Fig. 7: single_unmap, directory ------------------------------
     progress("Fig. 7: single_unmap, directory (linux, unitd, ideal)");
-    table.seeds(fig7.spec(&[])?.seed, runs);
-    let g7 = Grid::run(&fig7, cores, counts, false, runs)?;
+    // Figs. 7 and 8 run as sweep files: cores (each with its mesh) ×
+    // shootdowns × protocol × seeds, `[quick]` their --quick subset. The
+    // other romanescu10 runs below use Fig. 7's cores and counts.
+    let run7 = run_sweep(
+        src,
+        "romanescu10/fig7-single-unmap.sweep.toml",
+        quick,
+        backend,
+    )?;
+    table.seeds(run7.sweep.seeds.start, run7.sweep.seeds.count);
+    let g7 = Grid::from_sweep(&run7);
+    let cores: &[u64] = &run7.integers("machine.cpus");
+    let counts: &[u64] = &run7.integers("workload.shootdowns");
     let stated: [(u64, u64, &str, f64); 4] = [
         (2, 4000, "speedup_pct_4000_2", 50.0),
         (16, 4000, "speedup_pct_4000_16", 50.0),
@@ -408,7 +456,8 @@ pub fn reproduce(
                 .ci(s.lo, s.hi)
                 .emergent()
                 .with_note(&format!(
-                    "unitd over linux, per-seed mean of {runs} seeds (§6.3's text)"
+                    "unitd over linux, per-seed mean of {} seeds (§6.3's text)",
+                    run7.sweep.seeds.count
                 )),
             );
         }
@@ -736,13 +785,14 @@ pub fn reproduce(
 
     // ---- Fig. 8: multiple_unmap, directory -----------------------------
     progress("Fig. 8: multiple_unmap, directory");
-    let cores8: &[u64] = if quick { &[8, 16] } else { &[2, 4, 8, 16] };
-    let counts8: &[u64] = if quick {
-        &[0, 1000, 12000]
-    } else {
-        &[0, 1000, 4000, 12000]
-    };
-    let g8 = Grid::run(&fig8, cores8, counts8, false, runs)?;
+    let run8 = run_sweep(
+        src,
+        "romanescu10/fig8-multiple-unmap.sweep.toml",
+        quick,
+        backend,
+    )?;
+    let g8 = Grid::from_sweep(&run8);
+    let cores8: &[u64] = &run8.integers("machine.cpus");
     let s8 = g8.at(8, 1000, "unitd");
     let above = fig8.number("speedup_pct_1000_8_above")?;
     table.push(
