@@ -55,6 +55,11 @@ pub struct SweepArgs {
     /// --slurm-arg=--time=00:30:00 --slurm-arg=--account=lab
     #[arg(long = "slurm-arg", value_name = "OPTION", allow_hyphen_values = true)]
     slurm_args: Vec<String>,
+    /// Print the merged sweep as JSON on stdout (progress goes to stderr):
+    /// its files and row counts, the oracle's verdict and, for a check
+    /// sweep, `mmulab check --json`'s report per protocol.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -63,12 +68,18 @@ enum SweepAction {
     Status {
         /// The sweep's results folder.
         dir: PathBuf,
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Merge a results folder whose every task is done: results.csv and
     /// summary.csv.
     Merge {
         /// The sweep's results folder.
         dir: PathBuf,
+        /// Print what was merged as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -92,11 +103,11 @@ fn bad(msg: String) -> anyhow::Error {
 
 pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
     match a.action {
-        Some(SweepAction::Status { dir }) => return status(&OutDir::new(dir)),
-        Some(SweepAction::Merge { dir }) => {
+        Some(SweepAction::Status { dir, json }) => return status(&OutDir::new(dir), json),
+        Some(SweepAction::Merge { dir, json }) => {
             let dir = OutDir::new(dir);
             let merged = mmulab_sweep::merge(&dir)?;
-            return Ok(report(&dir, &merged, false));
+            return Ok(report(&dir, &merged, json));
         }
         None => {}
     }
@@ -113,7 +124,7 @@ pub fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         resume: a.resume,
         wait: a.wait,
         slurm_args: a.slurm_args,
-        json: false,
+        json: a.json,
     };
     execute(&sweep, &path.display().to_string(), out, opts)
 }
@@ -126,7 +137,8 @@ pub struct Opts {
     pub resume: bool,
     pub wait: bool,
     pub slurm_args: Vec<String>,
-    /// Print a check sweep's reports as `mmulab check --json` does.
+    /// JSON on stdout: a check sweep's reports as `mmulab check --json`
+    /// prints them, or a run sweep's merge summary.
     pub json: bool,
 }
 
@@ -303,8 +315,28 @@ fn execute(sweep: &Sweep, label: &str, out: PathBuf, a: Opts) -> anyhow::Result<
 fn report(dir: &OutDir, m: &Merged, json: bool) -> ExitCode {
     let d = dir.path.display();
     if json {
-        let v = serde_json::to_string_pretty(&m.check).expect("reports serialise");
-        println!("{v}");
+        // A check sweep prints what `mmulab check --json` prints; a run
+        // sweep its files, row counts and verdict.
+        let v = if m.check.is_empty() {
+            serde_json::json!({
+                "dir": d.to_string(),
+                "tasks": m.tasks,
+                "points": m.points,
+                "results_csv": format!("{d}/results.csv"),
+                "results_rows": m.results_rows,
+                "summary_csv": format!("{d}/summary.csv"),
+                "summary_rows": m.summary_rows,
+                "manifest": format!("{d}/manifest.json"),
+                "inconsistent_tasks": m.inconsistent,
+                "liveness_failures": m.liveness_failures,
+                "first_inconsistent": m.first_inconsistent.as_ref().map(|(id, note)| {
+                    serde_json::json!({ "task": id, "violation": note })
+                }),
+            })
+        } else {
+            serde_json::to_value(&m.check).expect("reports serialise")
+        };
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
         return if m.inconsistent == 0 && m.liveness_failures == 0 {
             ExitCode::SUCCESS
         } else {
@@ -349,9 +381,42 @@ fn report(dir: &OutDir, m: &Merged, json: bool) -> ExitCode {
     }
 }
 
-fn status(dir: &OutDir) -> anyhow::Result<ExitCode> {
+fn status(dir: &OutDir, json: bool) -> anyhow::Result<ExitCode> {
     let s = mmulab_sweep::status(dir)?;
     let m = &s.manifest;
+    if json {
+        let slurm: Vec<serde_json::Value> = s
+            .slurm
+            .iter()
+            .map(|(job, states)| match states {
+                Ok(st) => serde_json::json!({
+                    "job": job,
+                    "in_queue": st.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
+                }),
+                Err(e) => serde_json::json!({ "job": job, "error": e }),
+            })
+            .collect();
+        let v = serde_json::json!({
+            "dir": dir.path.display().to_string(),
+            "kind": match m.kind { Kind::Run => "run", Kind::Check => "check" },
+            "base": m.base.as_ref().map(|b| b.origin.clone()),
+            "points": m.points.len(),
+            "seeds": m.seeds.count,
+            "tasks": s.tasks,
+            "shards": m.shards,
+            "done": s.done,
+            "failed": s.failed,
+            "pending": s.tasks - s.done - s.failed,
+            "shards_done": s.shards_done,
+            "task_seconds": s.task_s,
+            "merged": s.merged,
+            "mmulab_version": m.build.mmulab_version,
+            "git_commit": m.build.git_commit,
+            "slurm_jobs": slurm,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        return Ok(ExitCode::SUCCESS);
+    }
     let kind = match m.kind {
         Kind::Run => format!(
             "run sweep of {}",

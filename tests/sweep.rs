@@ -622,3 +622,37 @@ fn reproduce_through_slurm_gives_the_local_rows() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--json` on `sweep`, `sweep status` and `sweep merge`: the files, the
+/// counts and the verdict as fields (progress on stderr, stdout one JSON
+/// document), agreeing with each other and with the folder.
+#[test]
+fn sweep_status_and_merge_print_json() {
+    let dir = tmp("json");
+    let file = write_sweep(&dir, GRID);
+    let out = dir.join("out");
+    let o = sweep(&[&file, "--out", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    assert_eq!(run["tasks"], 16, "{run}");
+    assert_eq!(run["points"], 4, "{run}");
+    assert_eq!(run["inconsistent_tasks"], 0, "{run}");
+    let rows = read(&out.join("results.csv")).lines().count() - 1;
+    assert_eq!(run["results_rows"], rows, "{run}");
+
+    let o = sweep(&["status", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    assert_eq!(st["kind"], "run", "{st}");
+    assert_eq!(st["tasks"], 16, "{st}");
+    assert_eq!(st["done"], 16, "{st}");
+    assert_eq!(st["pending"], 0, "{st}");
+    assert_eq!(st["merged"], true, "{st}");
+
+    let o = sweep(&["merge", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let m: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    assert_eq!(m["results_rows"], run["results_rows"], "{m}");
+    assert_eq!(m["summary_rows"], run["summary_rows"], "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
