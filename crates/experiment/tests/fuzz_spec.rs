@@ -6,45 +6,11 @@
 //! round trip through its own JSON; memory stays bounded (a counting
 //! allocator). `MMULAB_FUZZ_CASES` cases each (default 10,000).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use mmulab_experiment::{Budget, Spec, SpecError};
 use proptest::prelude::*;
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > l.size() {
-            let live = LIVE.fetch_add(new - l.size(), Ordering::Relaxed) + new - l.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        } else {
-            LIVE.fetch_sub(l.size() - new, Ordering::Relaxed);
-        }
-        LARGEST.fetch_max(new, Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: mmulab_testkit::Counting = mmulab_testkit::Counting;
 
 /// No spec, however wrong, makes the parser or the checks ask for more
 /// than this at once (nothing is allocated from a spec's sizes before the
@@ -53,20 +19,11 @@ const MAX_ALLOCATION: usize = 16 << 20;
 const MAX_LIVE: usize = 512 << 20;
 
 fn memory_bounded() {
-    let largest = LARGEST.load(Ordering::Relaxed);
-    let peak = PEAK.load(Ordering::Relaxed);
-    assert!(
-        largest <= MAX_ALLOCATION,
-        "an allocation of {largest} bytes"
-    );
-    assert!(peak <= MAX_LIVE, "{peak} bytes live at once");
+    mmulab_testkit::assert_memory_bounded(MAX_ALLOCATION, MAX_LIVE);
 }
 
 fn cases() -> u32 {
-    std::env::var("MMULAB_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
+    mmulab_testkit::fuzz_cases()
 }
 
 const TESTER: &str = include_str!("../../../experiments/tester.toml");

@@ -10,10 +10,7 @@ use proptest::prelude::*;
 const TESTER: &str = include_str!("../../../experiments/tester.toml");
 
 fn cases() -> u32 {
-    std::env::var("MMULAB_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
+    mmulab_testkit::fuzz_cases()
 }
 
 /// Specs the checks accept run without a panic: the tester with random

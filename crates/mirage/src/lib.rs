@@ -25,10 +25,11 @@
 //!   the downgraded writer; for a read set served from a checked-in page,
 //!   the earliest requester. It never moves while readers join, and is told
 //!   of each new reader (`core/holder.rs`). The read set's Δ runs from the
-//!   clock site's install time; a downgrade is not an install, so a
-//!   downgraded writer's Δ still runs from its write grant (this fits the
-//!   "2.75 sleeps" per cycle of §7.3). A sole reader upgrading its own copy
-//!   is not clock-checked: nobody's Δ is cut short.
+//!   clock site's install time, and a downgrade restarts it: the read set
+//!   the downgraded writer now heads is granted the page then, and §6.1
+//!   guarantees its readers the page for Δ (docs/papers/fleisch89.md,
+//!   "rule 1"). A sole reader upgrading its own copy is not clock-checked:
+//!   nobody's Δ is cut short.
 //! - **Ticks**: Δ and the quantum are counted in 1/60 s ticks, an inference
 //!   that fits every number of the paper (`sim/preset.rs`). The clock check
 //!   counts whole ticks of real time since the install; a refusal carries

@@ -5,55 +5,25 @@
 //! sent; no input makes the decoder allocate more than the limits allow
 //! (a counting allocator). `MMULAB_FUZZ_CASES` cases each (default 10,000).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use mmulab_mirage::core::{Access, Msg, PageNo, SegmentId, SiteId};
 use mmulab_mirage::wire::{
     DirMsg, Frame, Handshake, Hello, Limits, PROTOCOL_VERSION, encode, read_frame,
 };
 use proptest::prelude::*;
 
-struct Counting;
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LARGEST.fetch_max(new, Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: mmulab_testkit::Counting = mmulab_testkit::Counting;
 
 /// The decoder allocates a header and a page, each checked against the
 /// limits first; nothing a peer sends may make it ask for more.
 fn memory_bounded() {
     let l = Limits::default();
     let cap = (l.max_header as usize).max(l.max_page as usize) * 2;
-    let largest = LARGEST.load(Ordering::Relaxed);
-    assert!(
-        largest <= cap,
-        "an allocation of {largest} bytes (cap {cap})"
-    );
+    mmulab_testkit::assert_memory_bounded(cap, usize::MAX);
 }
 
 fn cases() -> u32 {
-    std::env::var("MMULAB_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
+    mmulab_testkit::fuzz_cases()
 }
 
 fn seg() -> SegmentId {

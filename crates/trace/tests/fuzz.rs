@@ -6,10 +6,8 @@
 //! `MAX_ALLOCATION` at once or hold more than `MAX_LIVE` in all.
 //! `FUZZ_CASES` cases each (10,000; `MMULAB_FUZZ_CASES` overrides).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mmulab_trace::dinero::{DineroDecoder, DineroFormat};
 use mmulab_trace::input::{Compression, Input, TraceFormat};
@@ -19,39 +17,8 @@ use proptest::prelude::*;
 
 // ---------------------------------------------------------------- memory bound
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new > l.size() {
-            let live = LIVE.fetch_add(new - l.size(), Ordering::Relaxed) + new - l.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        } else {
-            LIVE.fetch_sub(l.size() - new, Ordering::Relaxed);
-        }
-        LARGEST.fetch_max(new, Ordering::Relaxed);
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: mmulab_testkit::Counting = mmulab_testkit::Counting;
 
 /// The largest single allocation any input may cause: the readers' own
 /// buffers are 4 MiB; a length field believed would ask for gigabytes.
@@ -60,20 +27,11 @@ const MAX_ALLOCATION: usize = 64 << 20;
 const MAX_LIVE: usize = 1 << 30;
 
 fn memory_bounded() {
-    let largest = LARGEST.load(Ordering::Relaxed);
-    let peak = PEAK.load(Ordering::Relaxed);
-    assert!(
-        largest <= MAX_ALLOCATION,
-        "an allocation of {largest} bytes"
-    );
-    assert!(peak <= MAX_LIVE, "{peak} bytes live at once");
+    mmulab_testkit::assert_memory_bounded(MAX_ALLOCATION, MAX_LIVE);
 }
 
 fn cases() -> u32 {
-    std::env::var("MMULAB_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
+    mmulab_testkit::fuzz_cases()
 }
 
 // ---------------------------------------------------------------- inputs

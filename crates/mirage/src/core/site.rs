@@ -21,8 +21,9 @@ pub struct AuxPte {
     pub readers: BTreeMap<SiteId, u64>,
     /// Δ granted with the copy held here (Table 2's "window ticks").
     pub window_ticks: u32,
-    /// Table 2's "install time". A downgrade keeps it: the page is not
-    /// re-installed, so a downgraded writer's Δ runs from its write grant.
+    /// Table 2's "install time". A downgrade resets it: the read set the
+    /// downgraded writer heads is granted the page then, and its Δ runs
+    /// from that grant (`holder.rs`, optimization 2).
     pub install_time: Nanos,
     /// Epoch of the grant that installed the copy (orders messages that
     /// travel on different virtual circuits).
