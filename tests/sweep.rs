@@ -633,7 +633,8 @@ fn sweep_status_and_merge_print_json() {
     let out = dir.join("out");
     let o = sweep(&[&file, "--out", out.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    let run: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    let run: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(run["tasks"], 16, "{run}");
     assert_eq!(run["points"], 4, "{run}");
     assert_eq!(run["inconsistent_tasks"], 0, "{run}");
@@ -642,7 +643,8 @@ fn sweep_status_and_merge_print_json() {
 
     let o = sweep(&["status", out.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    let st: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    let st: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(st["kind"], "run", "{st}");
     assert_eq!(st["tasks"], 16, "{st}");
     assert_eq!(st["done"], 16, "{st}");
@@ -651,7 +653,8 @@ fn sweep_status_and_merge_print_json() {
 
     let o = sweep(&["merge", out.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    let m: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    let m: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(m["results_rows"], run["results_rows"], "{m}");
     assert_eq!(m["summary_rows"], run["summary_rows"], "{m}");
     let _ = std::fs::remove_dir_all(&dir);
