@@ -299,10 +299,14 @@ impl Ids {
     }
 }
 
+/// Seconds since the epoch, as Linux stamps `shm_atime`, `shm_dtime` and
+/// `shm_ctime` (`ktime_get_real_seconds`): the coarse real-time clock,
+/// which is also what a program's `time(2)` reads. The fine clock of
+/// `SystemTime::now()` runs up to a tick ahead of it, so just after a
+/// second boundary a time stamped from it would lie in the program's
+/// future (the conformance test caught a detach time one second ahead).
 fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+    rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse).tv_sec
 }
 
 pub use crate::wire::SegmentOrigin as Origin;
