@@ -393,16 +393,18 @@ impl World {
         }
     }
 
-    /// Visits the present last-level PTEs of a range, skipping whole
-    /// missing tables (black89 §7.2: a missing second-level table means a
-    /// whole page of entries is missing). Returns (pages visited, table
-    /// lookups) for costing.
-    pub fn for_each_present(
+    /// Walks a range one leaf table's span at a time: `f(world, first,
+    /// end, slot)` gets each span's vpns `first..end` and, when its leaf
+    /// table exists, the table and the index of `first` in it. `f`
+    /// returns false to stop. Missing tables cost one lookup for a whole
+    /// span (black89 §7.2: a missing second-level table means a whole
+    /// page of entries is missing).
+    fn walk_leaf_spans(
         &mut self,
         pmap: PmapId,
         start: Vpn,
         pages: u64,
-        mut f: impl FnMut(&mut World, Vpn, Pfn, usize, Pte),
+        mut f: impl FnMut(&mut World, u64, u64, Option<(Pfn, usize)>) -> bool,
     ) {
         let fmt = self.cfg.pt_format;
         let root = self.pmaps[pmap.0 as usize].root;
@@ -411,22 +413,36 @@ impl World {
         let mut v = start.0;
         let mut none = Vec::new();
         while v < end {
-            match leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none)
-                .expect("no allocation")
-            {
-                None => v = (v / span + 1) * span,
-                Some((table, index)) => {
-                    let table_end = ((v / span + 1) * span).min(end);
-                    for (i, vv) in (v..table_end).enumerate() {
-                        let pte = Pte(self.mem.table(table)[index + i]);
-                        if pte.present() {
-                            f(self, Vpn(vv), table, index + i, pte);
-                        }
+            let slot = leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none)
+                .expect("no allocation");
+            let span_end = ((v / span + 1) * span).min(end);
+            if !f(self, v, span_end, slot) {
+                return;
+            }
+            v = span_end;
+        }
+    }
+
+    /// Visits the present last-level PTEs of a range, skipping whole
+    /// missing tables.
+    pub fn for_each_present(
+        &mut self,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+        mut f: impl FnMut(&mut World, Vpn, Pfn, usize, Pte),
+    ) {
+        self.walk_leaf_spans(pmap, start, pages, |w, first, end, slot| {
+            if let Some((table, index)) = slot {
+                for (i, v) in (first..end).enumerate() {
+                    let pte = Pte(w.mem.table(table)[index + i]);
+                    if pte.present() {
+                        f(w, Vpn(v), table, index + i, pte);
                     }
-                    v = table_end;
                 }
             }
-        }
+            true
+        });
     }
 
     /// True when any page of the range is mapped (lazy evaluation check).
@@ -441,22 +457,12 @@ impl World {
     /// skips a range whose second-level table is missing (it "knows that
     /// an entire page of second level entries is missing").
     pub fn any_leaf_table(&mut self, pmap: PmapId, start: Vpn, pages: u64) -> bool {
-        let fmt = self.cfg.pt_format;
-        let root = self.pmaps[pmap.0 as usize].root;
-        let span = fmt.pages_per_entry(fmt.levels() - 2);
-        let end = start.0 + pages;
-        let mut v = start.0;
-        let mut none = Vec::new();
-        while v < end {
-            if leaf_slot(&mut self.mem, fmt, root, Vpn(v), false, &mut none)
-                .expect("no allocation")
-                .is_some()
-            {
-                return true;
-            }
-            v = (v / span + 1) * span;
-        }
-        false
+        let mut found = false;
+        self.walk_leaf_spans(pmap, start, pages, |_, _, _, slot| {
+            found = slot.is_some();
+            !found
+        });
+        found
     }
 
     /// Creates the level-2 tables covering `pages` pages from `start` in

@@ -24,6 +24,21 @@ pub struct Point {
     pub n: usize,
 }
 
+impl Point {
+    /// The mean, sd and CI of one point's samples (µs).
+    fn of(x: u64, v: &[f64]) -> Point {
+        let s = summarize(v);
+        let (_, lo, hi) = mean_ci95(v);
+        Point {
+            x,
+            mean_us: s.mean,
+            sd_us: s.sd,
+            ci_us: (lo, hi),
+            n: v.len(),
+        }
+    }
+}
+
 fn initiator_points(
     ps: &PaperSpec,
     xs: &[u64],
@@ -64,15 +79,7 @@ fn initiator_points(
                 .filter(|(sx, _)| *sx == x)
                 .filter_map(|(_, v)| *v)
                 .collect();
-            let s = summarize(&v);
-            let (_, lo, hi) = mean_ci95(&v);
-            Point {
-                x,
-                mean_us: s.mean,
-                sd_us: s.sd,
-                ci_us: (lo, hi),
-                n: v.len(),
-            }
+            Point::of(x, &v)
         })
         .collect())
 }
@@ -100,15 +107,7 @@ fn sweep_points(run: &super::SweepRun, xs: &[u64]) -> Vec<Point> {
                         .map(|&c| clock.us_f64(c))
                 })
                 .collect();
-            let s = summarize(&v);
-            let (_, lo, hi) = mean_ci95(&v);
-            Point {
-                x,
-                mean_us: s.mean,
-                sd_us: s.sd,
-                ci_us: (lo, hi),
-                n: v.len(),
-            }
+            Point::of(x, &v)
         })
         .collect()
 }
