@@ -18,8 +18,10 @@
 //!
 //! The daemon's socket closes at once when its process dies (kill -9
 //! included) or exits, so the next fault fails at once, well within the
-//! heartbeat timeout. A daemon stopped by SIGSTOP keeps its socket open:
-//! its programs wait until it resumes (docs/dsm.md, "A stopped daemon").
+//! heartbeat timeout. A daemon stopped by SIGSTOP (or hung) keeps its
+//! socket open, but goes silent: the service thread hears no `ALIVE` for
+//! the peers' timeout, shuts the socket and comes here the same way
+//! (docs/dsm.md, "A stopped daemon").
 
 use crate::uffd::{self, Uffd};
 

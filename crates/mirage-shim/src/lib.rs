@@ -728,6 +728,10 @@ impl Client {
 fn service(c: &'static Client) {
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    // The daemon's silence limit, from its first `ALIVE` (a daemon that
+    // sends none is only taken for gone when its socket closes).
+    let mut silence_limit: Option<std::time::Duration> = None;
+    let mut heard = std::time::Instant::now();
     loop {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let got = rustix::net::recvmsg(
@@ -739,8 +743,21 @@ fn service(c: &'static Client) {
         let n = match got {
             Ok(r) if r.bytes > 0 => r.bytes,
             Err(rustix::io::Errno::INTR) => continue,
+            // The receive timeout set at the first `ALIVE`.
+            Err(rustix::io::Errno::AGAIN) => match silence_limit {
+                Some(limit) if heard.elapsed() > limit => {
+                    // Stopped or hung: gone, as its peers see it. The
+                    // socket is shut so that a daemon that resumes sees
+                    // this program leave (and detaches it) instead of
+                    // serving its faults beside the code below.
+                    let _ = rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Both);
+                    break;
+                }
+                _ => continue,
+            },
             _ => break,
         };
+        heard = std::time::Instant::now();
         let mut fd: Option<OwnedFd> = None;
         for m in control.drain() {
             if let RecvAncillaryMessage::ScmRights(mut fds) = m {
@@ -751,6 +768,19 @@ fn service(c: &'static Client) {
             continue;
         };
         match m.kind {
+            kind::ALIVE => {
+                if silence_limit.is_none() && m.b > 0 {
+                    silence_limit = Some(std::time::Duration::from_millis(m.b));
+                    // Wake up at least once per interval to look at the
+                    // silence (10 ms at the least, 1 s at the most).
+                    let every = std::time::Duration::from_millis(m.a.clamp(10, 1000));
+                    let _ = rustix::net::sockopt::set_socket_timeout(
+                        &c.sock,
+                        rustix::net::sockopt::Timeout::Recv,
+                        Some(every),
+                    );
+                }
+            }
             kind::REPLY | kind::STATUS_TEXT => c.finish(m.id, m, 0),
             kind::ATTACH_OK => attach_ok(c, m, fd),
             kind::PROTECT => {

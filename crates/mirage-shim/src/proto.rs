@@ -76,6 +76,12 @@ pub mod kind {
     /// prints the line, maps an empty memfd over the page and wakes the
     /// faulter, whose retried access takes a SIGBUS there.
     pub const LOST: u32 = 105;
+    /// Every `a` ms while the daemon runs, from a thread the core never
+    /// blocks: `b` = how long (ms) a program may hear nothing at all
+    /// before it takes its daemon for gone (the peers' timeout: a site
+    /// stopped that long is dead to its peers, and so to its programs).
+    /// No answer.
+    pub const ALIVE: u32 = 106;
 }
 
 /// Page protection values of `PROTECT`.

@@ -521,19 +521,52 @@ fn finding_6_child_site() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// How the daemon goes in a finding-6 case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum DaemonEnd {
+    /// kill -9: its socket closes at once.
+    Killed,
+    /// SIGSTOP: its socket stays open; only its silence (no `ALIVE` for
+    /// the peers' timeout, 3 s by default) tells.
+    Stopped,
+}
+
 /// Finding 6: on the userfaultfd path a program whose site daemon died
 /// hung forever in `handle_userfault`. Now its next fault gets SIGBUS and
 /// one stderr line, at once (well within the heartbeat timeout).
 #[test]
 fn finding_6_a_program_whose_daemon_died_gets_sigbus_on_the_userfaultfd_path() {
+    finding_6_case(DaemonEnd::Killed, "uffd");
+}
+
+/// Finding 6, a stopped daemon: its socket stays open, and the program's
+/// fault slept forever (on either path). Now the program takes the
+/// daemon's silence past the peers' timeout as its end: SIGBUS and one
+/// line, within the timeout of the stop.
+#[test]
+fn finding_6_a_program_whose_daemon_stopped_gets_sigbus_on_the_userfaultfd_path() {
+    finding_6_case(DaemonEnd::Stopped, "uffd");
+}
+
+#[test]
+fn finding_6_a_program_whose_daemon_stopped_gets_sigbus_on_the_mprotect_path() {
+    finding_6_case(DaemonEnd::Stopped, "mprotect");
+}
+
+#[test]
+fn finding_6_a_program_whose_daemon_died_gets_sigbus_on_the_mprotect_path() {
+    finding_6_case(DaemonEnd::Killed, "mprotect");
+}
+
+fn finding_6_case(end: DaemonEnd, path: &str) {
     use std::io::BufRead;
     use std::os::unix::process::ExitStatusExt;
     let probe = mmulab_mirage::runtime::fault::probe();
-    if !probe.describe().contains("userfaultfd: available") {
+    if path == "uffd" && !probe.describe().contains("userfaultfd: available") {
         eprintln!("skipped: no full userfaultfd here ({})", probe.describe());
         return;
     }
-    let dir = std::env::temp_dir().join(format!("mirage-f6-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("mirage-f6-{}-{end:?}-{path}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let tool = dir.join("dsmtool");
@@ -584,7 +617,7 @@ fn finding_6_a_program_whose_daemon_died_gets_sigbus_on_the_userfaultfd_path() {
         ])
         .env("LD_PRELOAD", &shim)
         .env("MMULAB_DSM_SOCKET", &sock)
-        .env("MMULAB_DSM_FAULT_PATH", "uffd")
+        .env("MMULAB_DSM_FAULT_PATH", path)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -593,11 +626,21 @@ fn finding_6_a_program_whose_daemon_died_gets_sigbus_on_the_userfaultfd_path() {
     line.clear();
     pout.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
-    // kill -9 of the site daemon.
-    site.kill().unwrap();
-    site.wait().unwrap();
-    let killed = Instant::now();
-    let deadline = killed + Duration::from_secs(10);
+    match end {
+        DaemonEnd::Killed => {
+            site.kill().unwrap();
+            site.wait().unwrap();
+        }
+        DaemonEnd::Stopped => {
+            // SAFETY: kill(2) on our own child.
+            assert_eq!(
+                unsafe { nix::libc::kill(site.id() as i32, nix::libc::SIGSTOP) },
+                0
+            );
+        }
+    }
+    let ended = Instant::now();
+    let deadline = ended + Duration::from_secs(10);
     let status = loop {
         if let Some(s) = prog.try_wait().unwrap() {
             break Some(s);
@@ -607,26 +650,35 @@ fn finding_6_a_program_whose_daemon_died_gets_sigbus_on_the_userfaultfd_path() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let waited = ended.elapsed();
     if status.is_none() {
         let _ = prog.kill();
+    }
+    if end == DaemonEnd::Stopped {
+        // SAFETY: kill(2) on our own child.
+        unsafe { nix::libc::kill(site.id() as i32, nix::libc::SIGCONT) };
+        let _ = site.kill();
+        let _ = site.wait();
     }
     let o = prog.wait_with_output().unwrap();
     let mut rest = String::new();
     let _ = pout.read_to_string(&mut rest);
     let _ = std::fs::remove_dir_all(&dir);
-    let status = status.expect("the program hung after its daemon died");
+    let status = status.unwrap_or_else(|| panic!("the program hung after its daemon was {end:?}"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
         status.signal(),
         Some(nix::libc::SIGBUS),
         "{status}; {err}; {rest}"
     );
-    // Ready at 0, sleep 1.5 s, then the fault: well within 3 s of death.
-    assert!(
-        killed.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        killed.elapsed()
-    );
+    // Killed: ready at 0, sleep 1.5 s, then the fault, failed at once:
+    // well within 3 s. Stopped: the fault at 1.5 s waits for the peers'
+    // timeout (3 s of silence, heard at most one 250 ms interval late).
+    let within = match end {
+        DaemonEnd::Killed => Duration::from_secs(3),
+        DaemonEnd::Stopped => Duration::from_millis(3000 + 250 + 1500),
+    };
+    assert!(waited < within, "{end:?}: SIGBUS after {waited:?}");
     assert!(
         rest.contains("r 0 5"),
         "the page held here stays readable: {rest}"

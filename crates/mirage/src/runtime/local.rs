@@ -40,7 +40,7 @@ use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -208,6 +208,19 @@ impl Client {
         self.send(&m)
     }
 
+    /// `ALIVE`, without waiting: a program that does not read its socket
+    /// (stopped, or its buffer full) misses one, nobody else waits.
+    fn alive(&self, every: Duration, timeout: Duration) {
+        let mut m = LocalMsg::new(kind::ALIVE);
+        m.a = every.as_millis() as u64;
+        m.b = timeout.as_millis() as u64;
+        let _ = rustix::net::send(
+            &self.sock,
+            m.as_bytes(),
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        );
+    }
+
     /// Releases a faulter sleeping in the program's signal handler.
     pub fn wake(&self, slot: u64, value: u32, reason: &str) {
         let mut m = LocalMsg::new(kind::WAKE);
@@ -227,6 +240,9 @@ pub struct LocalServer {
     listener: Arc<OwnedFd>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The thread that tells every program the daemon still runs
+    /// ([`keep_alive`]).
+    alive: Option<JoinHandle<()>>,
 }
 
 /// Who the socket admits: its mode, group and owner.
@@ -370,15 +386,23 @@ impl LocalServer {
             owner: unsafe { libc::geteuid() },
             checks,
         };
+        let clients = Arc::new(Mutex::new(Vec::new()));
+        let options = dsm.node().options();
+        let (every, timeout) = (options.heartbeat, options.peer_timeout);
+        let (s2, c2) = (stop.clone(), clients.clone());
+        let alive = std::thread::Builder::new()
+            .name("dsm-local-alive".into())
+            .spawn(move || keep_alive(c2, s2, every, timeout))?;
         let thread = std::thread::Builder::new()
             .name("dsm-local".into())
-            .spawn(move || accept_loop(dsm, l, s, admission))?;
+            .spawn(move || accept_loop(dsm, l, s, admission, clients))?;
         Ok(LocalServer {
             path: path.to_path_buf(),
             file,
             listener,
             stop,
             thread: Some(thread),
+            alive: Some(alive),
         })
     }
 
@@ -397,6 +421,9 @@ impl LocalServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(t) = self.alive.take() {
+            let _ = t.join();
+        }
         // Our socket file only: whatever replaced it stays.
         use std::os::unix::fs::MetadataExt;
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
@@ -411,7 +438,45 @@ impl Drop for LocalServer {
     }
 }
 
-fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>, admission: Admission) {
+/// Issue #23, finding 6: a program cannot tell a stopped daemon (SIGSTOP,
+/// or a hung one) from a quiet one by its socket, which stays open. So
+/// every `every` each connected program gets an `ALIVE`; a program that
+/// hears nothing for `timeout` (the peers' timeout) takes the daemon for
+/// gone, as its peers do, and fails its faults with SIGBUS. This thread
+/// never waits on the core or on a program, so only a stopped (or
+/// starved) daemon goes silent.
+fn keep_alive(
+    clients: Arc<Mutex<Vec<Weak<Client>>>>,
+    stop: Arc<AtomicBool>,
+    every: Duration,
+    timeout: Duration,
+) {
+    // A stop is noticed within 50 ms whatever the interval.
+    let tick = every.min(Duration::from_millis(50));
+    let mut next = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        if Instant::now() >= next {
+            next = Instant::now() + every;
+            let now: Vec<Arc<Client>> = {
+                let mut list = clients.lock().expect("clients");
+                list.retain(|w| w.upgrade().is_some_and(|c| !c.gone()));
+                list.iter().filter_map(Weak::upgrade).collect()
+            };
+            for c in now {
+                c.alive(every, timeout);
+            }
+        }
+        std::thread::sleep(tick);
+    }
+}
+
+fn accept_loop(
+    dsm: Arc<Dsm>,
+    listener: Arc<OwnedFd>,
+    stop: Arc<AtomicBool>,
+    admission: Admission,
+    clients: Arc<Mutex<Vec<Weak<Client>>>>,
+) {
     let site = dsm.node().config().name(dsm.node().site()).to_string();
     let mut refused = 0u64;
     // Issue #23, finding 5: an accept error (EMFILE) ended this loop for
@@ -468,6 +533,13 @@ fn accept_loop(dsm: Arc<Dsm>, listener: Arc<OwnedFd>, stop: Arc<AtomicBool>, adm
             site: dsm.node().config().name(dsm.node().site()).to_string(),
             uffd: Mutex::new(None),
         });
+        // The first `ALIVE` before anything else: the program knows the
+        // silence limit from its first request on.
+        client.alive(options.heartbeat, options.peer_timeout);
+        clients
+            .lock()
+            .expect("clients")
+            .push(Arc::downgrade(&client));
         let (tx, rx) = mpsc::channel();
         let c = client.clone();
         let spawned = std::thread::Builder::new()
