@@ -768,18 +768,16 @@ fn service(c: &'static Client) {
             continue;
         };
         match m.kind {
-            kind::ALIVE => {
-                if silence_limit.is_none() && m.b > 0 {
-                    silence_limit = Some(std::time::Duration::from_millis(m.b));
-                    // Wake up at least once per interval to look at the
-                    // silence (10 ms at the least, 1 s at the most).
-                    let every = std::time::Duration::from_millis(m.a.clamp(10, 1000));
-                    let _ = rustix::net::sockopt::set_socket_timeout(
-                        &c.sock,
-                        rustix::net::sockopt::Timeout::Recv,
-                        Some(every),
-                    );
-                }
+            kind::ALIVE if silence_limit.is_none() && m.b > 0 => {
+                silence_limit = Some(std::time::Duration::from_millis(m.b));
+                // Wake up at least once per interval to look at the
+                // silence (10 ms at the least, 1 s at the most).
+                let every = std::time::Duration::from_millis(m.a.clamp(10, 1000));
+                let _ = rustix::net::sockopt::set_socket_timeout(
+                    &c.sock,
+                    rustix::net::sockopt::Timeout::Recv,
+                    Some(every),
+                );
             }
             kind::REPLY | kind::STATUS_TEXT => c.finish(m.id, m, 0),
             kind::ATTACH_OK => attach_ok(c, m, fd),
