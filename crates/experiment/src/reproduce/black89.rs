@@ -678,7 +678,8 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
     // The user side replaces the whole workload table (kbuild's `jobs`
     // means nothing to Camelot).
     let camelot = format!(
-        "workload={{kind=\"camelot\", sleep_cycles={}}}",
+        "workload={{kind=\"camelot\", threads={}, sleep_cycles={}}}",
+        ps.number("camelot_threads")? as u64,
         ps.number("camelot_sleep_cycles")? as u64
     );
     // The same kernel as the kernel-build run (the preset's disabled
@@ -816,20 +817,20 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
         h(&kernel, "shootdown.kernel.pages"),
         h(&user, "shootdown.user.pages"),
     );
-    for (artefact, app, key, mean, fitted) in [
+    for (artefact, app, key, s, fitted) in [
         (
             "Table 2",
             "Mach build",
             "kernel_processors",
-            kp.mean,
-            "workload.jobs",
+            &kp,
+            &["workload.jobs"][..],
         ),
         (
             "Table 3",
             "Camelot",
             "user_processors",
-            up.mean,
-            "workload.sleep_cycles",
+            &up,
+            &["workload.threads", "workload.sleep_cycles"][..],
         ),
     ] {
         table.push(
@@ -837,13 +838,16 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
                 artefact,
                 "processors",
                 ps.number(key)?,
-                mean,
+                s.mean,
                 STAND_IN_TOL_PCT,
             )
             .unit("processors per shootdown")
             .at("application", app)
-            .calibrated(&[fitted])
-            .with_note("the stand-in's concurrency was fitted to this column"),
+            .calibrated(fitted)
+            .with_note(&format!(
+                "the stand-in's concurrency was fitted to this column: {:.1} ± {:.1}",
+                s.mean, s.sd
+            )),
         );
     }
     for (artefact, app, key, mean) in [
