@@ -1,6 +1,7 @@
 //! `mmulab check`: the randomized correctness sweep. Every parameter of a
 //! run (machine size, TLB geometry and policy, quantum, queue size,
-//! threshold, lazy evaluation, interrupt-disabled windows, the workload's
+//! threshold, lazy evaluation, interrupt-disabled windows and, for mach,
+//! the shootdown interrupt's level and the sections', the workload's
 //! shape) is drawn from the seed (a seed swarm), so one seed number
 //! replays one exact run.
 
@@ -193,6 +194,25 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             text = text.replace("[kernel]\n", &format!("[kernel]\n{flat}"));
         } else {
             text.push_str(&format!("[kernel]\n{flat}"));
+        }
+    }
+    if protocol.starts_with("mach") {
+        // black89 §4's fourth complication and §9: the shootdown interrupt
+        // with the device interrupts (the measured kernel) or above them
+        // (§9's design), and the kernel's sections masking every interrupt
+        // or the device interrupts only (where §9's level preempts them).
+        // Drawn last, so that the draws above are unchanged.
+        let level = *r.pick(&["device", "above-device"]);
+        let sections = *r.pick(&["all", "high"]);
+        text = text.replace(
+            "[protocol_options]\n",
+            &format!("[protocol_options]\nshootdown_level = \"{level}\"\n"),
+        );
+        let line = format!("disabled_level = \"{sections}\"\n");
+        if text.contains("[kernel]\n") {
+            text = text.replace("[kernel]\n", &format!("[kernel]\n{line}"));
+        } else {
+            text.push_str(&format!("[kernel]\n{line}"));
         }
     }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")

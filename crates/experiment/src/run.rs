@@ -52,6 +52,8 @@ fn sim_config(spec: &Spec, seed: u64) -> SimConfig {
             pageout_global: spec.kernel.pageout_global,
             segkmem_first_fit: spec.kernel.segkmem_first_fit,
             apic_flat_max_cpus: spec.kernel.apic_flat_max_cpus,
+            disabled_ipl: crate::spec::kernel_disabled_ipl(&spec.kernel.disabled_level)
+                .expect("validated kernel.disabled_level"),
         },
         memory: spec.memory.clone(),
     }
@@ -105,6 +107,8 @@ pub fn run_seed_until(spec: &Spec, seed: u64, stop: Option<&Arc<AtomicBool>>) ->
         shoot_lock_when_alone: o.shoot_lock_when_alone,
         fork_chunk_unlock: o.fork_chunk_unlock,
         hat_lock_per_pt: o.hat_lock_per_pt,
+        shootdown_level: mmulab_protocols::ShootdownLevel::parse(&o.shootdown_level)
+            .expect("validated protocol_options.shootdown_level"),
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

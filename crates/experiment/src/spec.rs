@@ -269,6 +269,11 @@ pub struct KernelSpec {
     /// on machines of at most this many CPUs, bigsmp (one per target)
     /// above; 0 = bigsmp always.
     pub apic_flat_max_cpus: u64,
+    /// The level the kernel's interrupt-disabled sections (the trap
+    /// sections and `disabled_windows`) raise to: `all` (every interrupt
+    /// masked, the default) or `high` (every device interrupt masked, a
+    /// cross-processor interrupt above them let through, black89 §9).
+    pub disabled_level: String,
 }
 
 impl Default for KernelSpec {
@@ -287,6 +292,7 @@ impl Default for KernelSpec {
             physmap: false,
             segkmem_first_fit: k.segkmem_first_fit,
             apic_flat_max_cpus: k.apic_flat_max_cpus,
+            disabled_level: "all".into(),
         }
     }
 }
@@ -319,6 +325,10 @@ pub struct ProtocolOptionsSpec {
     /// for its CPU set and level-1 directory (balan92 §Locking Design,
     /// "considered"); default false.
     pub hat_lock_per_pt: bool,
+    /// mach: the shootdown interrupt's level, `device` (the measured
+    /// kernel's, black89 §8-9) or `above-device` (§9's recommended design;
+    /// the default).
+    pub shootdown_level: String,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -334,7 +344,18 @@ impl Default for ProtocolOptionsSpec {
             shoot_lock_when_alone: d.shoot_lock_when_alone,
             fork_chunk_unlock: d.fork_chunk_unlock,
             hat_lock_per_pt: d.hat_lock_per_pt,
+            shootdown_level: d.shootdown_level.name().into(),
         }
+    }
+}
+
+/// `kernel.disabled_level`'s names: `all` masks every interrupt, `high`
+/// (splhigh) every device interrupt.
+pub fn kernel_disabled_ipl(name: &str) -> Option<mmulab_kernel::Ipl> {
+    match name {
+        "all" => Some(mmulab_kernel::Ipl::ALL),
+        "high" => Some(mmulab_kernel::Ipl::HIGH),
+        _ => None,
     }
 }
 
@@ -526,7 +547,21 @@ impl Spec {
             dw.validate("kernel.disabled_windows", e.max_cycles)
                 .map_err(invalid)?;
         }
+        let level = &self.protocol_options.shootdown_level;
+        if mmulab_protocols::ShootdownLevel::parse(level).is_none() {
+            return Err(invalid(format!(
+                "protocol_options.shootdown_level: must be one of {}, got {:?}",
+                mmulab_protocols::ShootdownLevel::NAMES.join(", "),
+                clip(level)
+            )));
+        }
         let k = &self.kernel;
+        if kernel_disabled_ipl(&k.disabled_level).is_none() {
+            return Err(invalid(format!(
+                "kernel.disabled_level: must be all or high, got {:?}",
+                clip(&k.disabled_level)
+            )));
+        }
         if k.hz == 0 {
             return Err(invalid("kernel.hz: must be at least 1"));
         }
@@ -744,6 +779,31 @@ mod tests {
         assert_eq!(s.machine.cpus, 4);
         assert_eq!(s.seed, 9);
         assert_eq!(s.machine.tlb.policy, mmulab_machine::Policy::Fifo);
+    }
+
+    #[test]
+    fn interrupt_levels_are_checked_by_name() {
+        let e = err(BASE, &["protocol_options.shootdown_level=\"above\""]);
+        assert!(
+            e.contains("protocol_options.shootdown_level") && e.contains("above-device"),
+            "{e}"
+        );
+        let e = err(BASE, &["kernel.disabled_level=\"device\""]);
+        assert!(e.contains("kernel.disabled_level"), "{e}");
+        let s = Spec::parse(
+            BASE,
+            &[
+                "protocol_options.shootdown_level=\"device\"".into(),
+                "kernel.disabled_level=\"high\"".into(),
+            ],
+            "t",
+        )
+        .unwrap();
+        assert_eq!(s.protocol_options.shootdown_level, "device");
+        assert_eq!(
+            kernel_disabled_ipl(&s.kernel.disabled_level),
+            Some(mmulab_kernel::Ipl::HIGH)
+        );
     }
 
     #[test]

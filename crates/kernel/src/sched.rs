@@ -4,7 +4,7 @@
 use mmulab_engine::Cycles;
 use mmulab_machine::CpuId;
 
-use crate::cpu::{Ipl, Irq, Mode};
+use crate::cpu::{Irq, Mode};
 use crate::program::Op;
 use crate::sim::{Sim, Trap};
 use crate::vm::{ThreadId, ThreadState};
@@ -17,7 +17,8 @@ pub enum Entry {
     Trap,
     /// An interrupt arrived in user mode.
     Interrupt,
-    /// Kernel code with every interrupt masked for this long (black89 §8).
+    /// Kernel code with interrupts masked (up to `KernelParams::
+    /// disabled_ipl`) for this long (black89 §8).
     DisabledWindow(Cycles),
 }
 
@@ -51,21 +52,23 @@ impl Sim {
                 self.delay(cpu, Cycles(trap_cycles)).await;
                 let mean = self.w().cfg.trap_disabled_mean_cycles;
                 if mean > 0 {
-                    // Part of the kernel path runs with every interrupt
-                    // masked, delaying any shootdown aimed at this CPU.
+                    // Part of the kernel path runs with interrupts masked
+                    // up to the kernel's section level (every interrupt by
+                    // default), delaying any shootdown aimed at this CPU
+                    // that the level holds off.
                     let len = self.w().cpus[cpu.index()].rng.exponential(mean as f64) as u64;
-                    let saved = self.set_ipl(cpu, Ipl::ALL);
-                    self.delay(cpu, Cycles(len)).await;
+                    let level = self.w().cfg.kernel.disabled_ipl;
+                    let saved = self.set_ipl(cpu, level);
+                    self.preemptible_delay(cpu, Cycles(len)).await;
                     self.restore_ipl(cpu, saved).await;
                 }
                 self.handle_trap(cpu).await;
             }
             Entry::Interrupt => self.take_interrupts(cpu).await,
             Entry::DisabledWindow(len) => {
-                let saved = self.set_ipl(cpu, Ipl::ALL);
-                let at = self.now() + len;
-                let now = self.now();
-                self.delay(cpu, at - now).await;
+                let level = self.w().cfg.kernel.disabled_ipl;
+                let saved = self.set_ipl(cpu, level);
+                self.preemptible_delay(cpu, len).await;
                 self.restore_ipl(cpu, saved).await;
             }
         }

@@ -145,6 +145,16 @@ pub struct KernelParams {
     /// (`send_IPI_mask_bitmask`); a larger one runs bigsmp, one write per
     /// target (`send_IPI_mask_sequence`). 0: one write per target always.
     pub apic_flat_max_cpus: u64,
+    /// The level the kernel's interrupt-disabled sections raise to (the
+    /// section of every system call and fault, `trap_disabled_mean_cycles`,
+    /// and the windows of `disabled_windows`): `Ipl::ALL` (the default)
+    /// masks every interrupt; `Ipl::HIGH` masks every device interrupt and
+    /// lets through a cross-processor interrupt above them (black89 §9:
+    /// "A software interrupt with priority above that of device interrupts
+    /// would allow us to disable device interrupts without blocking
+    /// shootdowns"). Either way an interrupt the level lets through is
+    /// taken at once and the section's work goes on after it.
+    pub disabled_ipl: crate::cpu::Ipl,
 }
 
 impl Default for KernelParams {
@@ -159,6 +169,7 @@ impl Default for KernelParams {
             pageout_global: false,
             segkmem_first_fit: false,
             apic_flat_max_cpus: 0,
+            disabled_ipl: crate::cpu::Ipl::ALL,
         }
     }
 }

@@ -193,11 +193,12 @@ impl Protocol for Mach {
             .expect("physical memory for the kernel's page tables");
     }
 
-    /// The shootdown interrupt sits above device interrupts (black89 §9's
-    /// recommendation); kernel code that disables all interrupts still
-    /// delays it.
+    /// `protocol_options.shootdown_level`: with the device interrupts (the
+    /// measured kernel, held off by every section that masks them) or
+    /// above them (black89 §9's recommendation: held off only by code that
+    /// masks every interrupt, the shootdown code and its pmap locks).
     fn interrupt_level(&self) -> Ipl {
-        Ipl::ALL
+        self.opts.shootdown_level.ipl()
     }
 
     fn update<'a>(&'a self, sim: &'a Sim, me: CpuId, u: Update) -> KFuture<'a> {

@@ -399,6 +399,102 @@ pub fn reproduce(
     Ok(table)
 }
 
+/// §9's first hardware feature, "a software interrupt with priority above
+/// that of device interrupts": Tables 2-4's two runs again with
+/// `protocol_options.shootdown_level = "above-device"` (the preset's
+/// sections still mask the device interrupts; only the shootdown code and
+/// its pmap locks mask the shootdown interrupt). §9 states what this
+/// "would" do: "reduce the time for kernel shootdowns to more closely
+/// match user shootdowns, and eliminate the skew caused by long periods of
+/// interrupt disablement". Both are judged as claims, on one kernel for
+/// the kernel and the user run as Table 3's skew row is: the kernel median
+/// over the user median falls below the measured kernel's ratio, and the
+/// kernel initiators' skew (§8: "the additional skew in the kernel time
+/// distributions is caused by the varying intervals for which interrupts
+/// are disabled") is no longer above the user initiators'. The medians
+/// are shown, unjudged (the paper measured no such kernel).
+fn sec9(
+    ps: &PaperSpec,
+    camelot: &str,
+    quick: bool,
+    (ki, ui): (&mmulab_engine::Summary, &mmulab_engine::Summary),
+    table: &mut ReproTable,
+) -> Result<(), SpecError> {
+    let above = "protocol_options.shootdown_level=\"above-device\"";
+    let kernel = run_with(ps, &[above], quick)?;
+    let user = run_with(ps, &[camelot, above], quick)?;
+    let h = |r: &crate::Results, n: &str| r.histograms.get(n).copied().unwrap_or_default();
+    let (ki9, kr9) = (
+        h(&kernel, "shootdown.kernel.initiator_us"),
+        h(&kernel, "shootdown.kernel.responder_us"),
+    );
+    let (ui9, ur9) = (
+        h(&user, "shootdown.user.initiator_us"),
+        h(&user, "shootdown.user.responder_us"),
+    );
+    let skew = |s: &mmulab_engine::Summary| (s.p90 - s.median) / s.median.max(1e-9);
+    let ratio =
+        |k: &mmulab_engine::Summary, u: &mmulab_engine::Summary| k.median / u.median.max(1e-9);
+    let (r9, r) = (ratio(&ki9, &ui9), ratio(ki, ui));
+    table.push(
+        ReproRow::claim(
+            "§9",
+            "kernel_over_user_initiator_median",
+            Some(r9),
+            r9 < r,
+            &format!(
+                "a shootdown interrupt above the device interrupts \"would reduce the time for kernel shootdowns to more closely match user shootdowns\": kernel over user median {r9:.2} ({:.0} / {:.0} µs) against {r:.2} on the measured kernel",
+                ki9.median, ui9.median
+            ),
+        )
+        .unit("ratio")
+        .at("shootdown_level", "above-device")
+        .emergent(),
+    );
+    table.push(
+        ReproRow::claim(
+            "§9",
+            "kernel_vs_user_initiator_skew",
+            Some(skew(&ki9)),
+            skew(&ki9) <= skew(&ui9),
+            &format!(
+                "\"and eliminate the skew caused by long periods of interrupt disablement\": (p90-median)/median kernel {:.2} vs user {:.2} (measured kernel: {:.2} vs {:.2})",
+                skew(&ki9),
+                skew(&ui9),
+                skew(ki),
+                skew(ui)
+            ),
+        )
+        .unit("ratio")
+        .at("shootdown_level", "above-device")
+        .emergent(),
+    );
+    for (q, app, s) in [
+        ("initiator_median", "Mach build", &ki9),
+        ("initiator_median", "Camelot", &ui9),
+        ("responder_median", "Mach build", &kr9),
+        ("responder_median", "Camelot", &ur9),
+    ] {
+        table.push(
+            ReproRow::plot_only(
+                "§9",
+                q,
+                None,
+                s.median,
+                &format!(
+                    "§9's design (not measured by the paper): mean {:.0}, p10 {:.0}, p90 {:.0} µs",
+                    s.mean, s.p10, s.p90
+                ),
+            )
+            .unit("µs")
+            .at("application", app)
+            .at("shootdown_level", "above-device")
+            .emergent(),
+        );
+    }
+    Ok(())
+}
+
 /// Runs a paper spec with overrides and returns its merged results.
 fn run_with(ps: &PaperSpec, sets: &[&str], quick: bool) -> Result<crate::Results, SpecError> {
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -582,7 +678,8 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
     // The user side replaces the whole workload table (kbuild's `jobs`
     // means nothing to Camelot).
     let camelot = format!(
-        "workload={{kind=\"camelot\", sleep_cycles={}}}",
+        "workload={{kind=\"camelot\", threads={}, sleep_cycles={}}}",
+        ps.number("camelot_threads")? as u64,
         ps.number("camelot_sleep_cycles")? as u64
     );
     // The same kernel as the kernel-build run (the preset's disabled
@@ -626,6 +723,7 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
         .unit("ratio")
         .emergent(),
     );
+    sec9(&ps, &camelot, quick, (&ki, &ui), table)?;
     table.push(
         ReproRow::claim(
             "Table 4",
@@ -719,20 +817,20 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
         h(&kernel, "shootdown.kernel.pages"),
         h(&user, "shootdown.user.pages"),
     );
-    for (artefact, app, key, mean, fitted) in [
+    for (artefact, app, key, s, fitted) in [
         (
             "Table 2",
             "Mach build",
             "kernel_processors",
-            kp.mean,
-            "workload.jobs",
+            &kp,
+            &["workload.jobs"][..],
         ),
         (
             "Table 3",
             "Camelot",
             "user_processors",
-            up.mean,
-            "workload.sleep_cycles",
+            &up,
+            &["workload.threads", "workload.sleep_cycles"][..],
         ),
     ] {
         table.push(
@@ -740,13 +838,16 @@ pub fn tables2_4(src: &Experiments, quick: bool, table: &mut ReproTable) -> Resu
                 artefact,
                 "processors",
                 ps.number(key)?,
-                mean,
+                s.mean,
                 STAND_IN_TOL_PCT,
             )
             .unit("processors per shootdown")
             .at("application", app)
-            .calibrated(&[fitted])
-            .with_note("the stand-in's concurrency was fitted to this column"),
+            .calibrated(fitted)
+            .with_note(&format!(
+                "the stand-in's concurrency was fitted to this column: {:.1} ± {:.1}",
+                s.mean, s.sd
+            )),
         );
     }
     for (artefact, app, key, mean) in [

@@ -69,6 +69,30 @@ impl Sim {
         }
     }
 
+    /// Kernel code on `cpu` runs for `c` cycles at its current level and
+    /// takes an interrupt that level lets through as soon as it arrives,
+    /// not where the code ends (as `delay` does, which is right for the
+    /// short steps between interrupt checks but not for a long section a
+    /// higher-level interrupt preempts, black89 §9); the rest of the work
+    /// goes on after the handler. At a level that masks everything this
+    /// is `delay`, event for event.
+    pub async fn preemptible_delay(&self, cpu: CpuId, c: Cycles) {
+        let mut left = c.0;
+        loop {
+            let from = self.now();
+            self.w().cpus[cpu.index()].idle_waiting = true;
+            self.sleep_until(cpu, from + Cycles(left)).await;
+            self.w().cpus[cpu.index()].idle_waiting = false;
+            left = left.saturating_sub((self.now() - from).0);
+            if self.w().cpus[cpu.index()].takeable().is_some() {
+                self.take_interrupts(cpu).await;
+            }
+            if left == 0 {
+                break;
+            }
+        }
+    }
+
     /// Sets the interrupt priority level, returning the old one. Lowering
     /// it takes what is pending at the next delay.
     pub fn set_ipl(&self, cpu: CpuId, ipl: Ipl) -> Ipl {
