@@ -201,7 +201,14 @@ pub struct World {
     /// condition changes nothing, so other spinners sleep past it to the
     /// next *kernel* event (see `Sim::spin_until`) instead of waking each
     /// other every iteration.
-    pub(crate) spin_wakes: EventQueue<(CpuId, u64)>,
+    pub(crate) spin_wakes: EventQueue<SpinWake>,
+    /// What is left of a run of spinners' wake-ups at `now` when one of
+    /// them had to be polled (its members, and the first one left): it
+    /// comes before every entry still in `spin_wakes` (see
+    /// `Sim::spin_drain`).
+    pub(crate) spin_front: Option<(Vec<(CpuId, u64)>, usize)>,
+    /// Emptied runs, kept for reuse.
+    pub(crate) spin_pool: Vec<Vec<(CpuId, u64)>>,
     /// The time of the event being processed.
     pub(crate) now: Cycles,
     /// Per CPU, while it spins: (wake time, spin start, iteration).
@@ -294,6 +301,17 @@ impl World {
         self.now
     }
 
+    /// The time of the next spinner's wake-up: a run's rest left at `now`
+    /// comes first.
+    #[inline]
+    pub(crate) fn spin_peek(&self) -> Option<Cycles> {
+        if self.spin_front.is_some() {
+            Some(self.now)
+        } else {
+            self.spin_wakes.peek_time()
+        }
+    }
+
     /// Wakes every spinner sleeping past `at` at its first iteration
     /// boundary at or after `at`.
     fn rearm_spinners(&mut self, at: Cycles) {
@@ -307,7 +325,8 @@ impl World {
                     let c = &mut self.cpus[s];
                     c.resume_gen += 1;
                     let generation = c.resume_gen;
-                    self.spin_wakes.push(rearm, (CpuId(s as u16), generation));
+                    self.spin_wakes
+                        .push(rearm, SpinWake::One(CpuId(s as u16), generation));
                 }
             }
         }
@@ -330,8 +349,20 @@ struct Inner {
     roots: RefCell<Vec<Option<KFuture<'static>>>>,
     /// Per CPU, while its coroutine sleeps inside `spin_until`: that
     /// call's condition and bound, so that the event loop can re-check a
-    /// spinner without polling its coroutine (see `Sim::spin_recheck`).
+    /// spinner without polling its coroutine (see `Sim::spin_drain`).
     spin_conds: RefCell<Vec<Option<SpinCond>>>,
+}
+
+/// An entry of the spinners' queue: one spinner's wake-up (its CPU and
+/// resume generation), or several spinners' wake-ups at one time, in the
+/// order they were pushed. A run stands for its members' entries pushed
+/// one after the other at the moment the run is pushed: nothing else is
+/// pushed to the queue between them, so the order of wake-ups is that of
+/// one entry per spinner (see `Sim::spin_drain`).
+#[derive(Debug)]
+pub(crate) enum SpinWake {
+    One(CpuId, u64),
+    Run(Vec<(CpuId, u64)>),
 }
 
 /// A spinner's condition, borrowed from its suspended `spin_until` future.
@@ -450,6 +481,8 @@ impl Sim {
             queue: EventQueue::new(),
             slices: SmallQueue::new(),
             spin_wakes: EventQueue::new(),
+            spin_front: None,
+            spin_pool: Vec::new(),
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
             mem,

@@ -55,42 +55,115 @@ impl Sim {
         }
     }
 
-    /// A spinner's wake-up that changes nothing, done without polling its
-    /// coroutine: when `cpu` sleeps in `spin_until`, has no interrupt to
-    /// take, its condition is still false and its bound not passed, this
-    /// does what the coroutine would (clear, re-check, sleep to its next
-    /// wake-up: the same state changes and the same push) and returns
-    /// true. The coroutine stays suspended where it was; its loop keeps no
-    /// state between iterations, so when it is next polled it goes on as
-    /// if it had made these iterations itself. Otherwise (or when `cpu`
-    /// is not spinning) it changes nothing and returns false.
-    fn spin_recheck(&self, cpu: CpuId) -> bool {
-        let Some(sc) = self.0.spin_conds.borrow()[cpu.index()] else {
-            return false;
-        };
-        let mut w = self.w();
-        let Some((_, since, step)) = w.spinners[cpu.index()] else {
-            return false;
-        };
-        if w.cpus[cpu.index()].takeable().is_some() {
-            return false;
+    /// Spinners' wake-ups at `now`, done without polling their coroutines
+    /// while they change nothing: for each wake-up in queue order (a run's
+    /// rest left at `now` first, then the queue's entries at `now`), a
+    /// stale one (its CPU's resume generation moved on) is dropped, and a
+    /// spinner with no interrupt to take, its condition still false and its
+    /// bound not passed does what its coroutine would (sleep to its next
+    /// wake-up: the same state changes, the same wake-up). The coroutine
+    /// stays suspended where it was; `spin_until`'s loop keeps no state
+    /// between iterations, so when it is next polled it goes on as if it
+    /// had made these iterations itself.
+    ///
+    /// Nothing here pushes a kernel event or changes what a condition or
+    /// the next wake-up reads, so the wake-ups are pushed in the order the
+    /// entries were taken, the consecutive ones at one time as one run.
+    /// The first spinner that must be polled ends the drain: the pending
+    /// run is pushed, the rest of the current one is kept at the front
+    /// (`spin_front`, before anything pushed later), and its CPU is
+    /// returned for the caller to poll, as the event loop polled it when
+    /// each wake-up was an event of its own.
+    fn spin_drain(&self) -> Option<CpuId> {
+        let conds = self.0.spin_conds.borrow();
+        let mut guard = self.w();
+        let w = &mut *guard;
+        let now = w.now;
+        let mut out: Vec<(CpuId, u64)> = Vec::new();
+        let mut out_at = Cycles::ZERO;
+        let mut poll = None;
+        'entries: loop {
+            let (members, mut pos) = if let Some(front) = w.spin_front.take() {
+                front
+            } else if w.spin_wakes.peek_time() == Some(now) && w.queue.peek_time() != Some(now) {
+                match w.spin_wakes.pop().expect("peeked").1 {
+                    SpinWake::One(cpu, generation) => {
+                        let mut v = w.spin_pool.pop().unwrap_or_default();
+                        v.push((cpu, generation));
+                        (v, 0)
+                    }
+                    SpinWake::Run(v) => (v, 0),
+                }
+            } else {
+                break;
+            };
+            while pos < members.len() {
+                let (cpu, generation) = members[pos];
+                pos += 1;
+                let i = cpu.index();
+                if w.cpus[i].resume_gen != generation {
+                    continue;
+                }
+                let wake = match (conds[i], w.spinners[i]) {
+                    (Some(sc), Some((_, since, step))) if w.cpus[i].takeable().is_none() => {
+                        // SAFETY: set while the coroutine sleeps in
+                        // `spin_until`, which holds the closure pinned (see
+                        // there); it is asleep now, or its resume
+                        // generation would not have matched.
+                        let cond = unsafe { &*sc.cond };
+                        if cond(w) {
+                            None
+                        } else {
+                            super::primitives::spin_next_wake(w, since, step, sc.bound)
+                                .map(|wake| (wake, since, step))
+                        }
+                    }
+                    _ => None,
+                };
+                let Some((wake, since, step)) = wake else {
+                    if pos < members.len() {
+                        w.spin_front = Some((members, pos));
+                    } else {
+                        Self::spin_recycle(w, members);
+                    }
+                    poll = Some(cpu);
+                    break 'entries;
+                };
+                w.spinners[i] = Some((wake, since, step));
+                let c = &mut w.cpus[i];
+                c.resume_gen += 1;
+                let generation = c.resume_gen;
+                if !out.is_empty() && out_at != wake {
+                    Self::spin_push(w, out_at, std::mem::take(&mut out));
+                }
+                if out.is_empty() {
+                    out = w.spin_pool.pop().unwrap_or_default();
+                    out_at = wake;
+                }
+                out.push((cpu, generation));
+            }
+            Self::spin_recycle(w, members);
         }
-        // SAFETY: set while the coroutine sleeps in `spin_until`, which
-        // holds the closure pinned (see there); it is asleep now, or its
-        // resume generation would not have matched.
-        let cond = unsafe { &*sc.cond };
-        if cond(&w) {
-            return false;
+        if !out.is_empty() {
+            Self::spin_push(w, out_at, out);
         }
-        let Some(wake) = super::primitives::spin_next_wake(&w, since, step, sc.bound) else {
-            return false;
-        };
-        w.spinners[cpu.index()] = Some((wake, since, step));
-        let c = &mut w.cpus[cpu.index()];
-        c.resume_gen += 1;
-        let generation = c.resume_gen;
-        w.spin_wakes.push(wake, (cpu, generation));
-        true
+        poll
+    }
+
+    /// Pushes a run of wake-ups at `at` (one alone as such).
+    fn spin_push(w: &mut World, at: Cycles, mut run: Vec<(CpuId, u64)>) {
+        if let [(cpu, generation)] = run[..] {
+            run.clear();
+            w.spin_pool.push(run);
+            w.spin_wakes.push(at, SpinWake::One(cpu, generation));
+        } else {
+            w.spin_wakes.push(at, SpinWake::Run(run));
+        }
+    }
+
+    fn spin_recycle(w: &mut World, mut run: Vec<(CpuId, u64)>) {
+        run.clear();
+        w.spin_pool.push(run);
     }
 
     // ----- the event loop ------------------------------------------------
@@ -124,7 +197,7 @@ impl Sim {
                 // Kernel events, then spinners' wake-ups, then user slices
                 // at the same cycle.
                 let kernel = w.queue.peek_time();
-                let spin = w.spin_wakes.peek_time();
+                let spin = w.spin_peek();
                 let slice = w.slices.peek_time();
                 // (Plain `Option` minima: a flattened array iterator here
                 // compiled to stack round trips on every event.)
@@ -139,8 +212,11 @@ impl Sim {
                 if kernel == Some(next) {
                     w.queue.pop().expect("peeked")
                 } else if spin == Some(next) {
-                    let (t, (cpu, generation)) = w.spin_wakes.pop().expect("peeked");
-                    (t, Event::Resume { cpu, generation })
+                    drop(w);
+                    if let Some(cpu) = self.spin_drain() {
+                        self.poll_cpu(cpu);
+                    }
+                    continue;
                 } else {
                     let (t, (cpu, generation)) = w.slices.pop().expect("peeked");
                     (t, Event::UserSlice { cpu, generation })
@@ -148,9 +224,7 @@ impl Sim {
             };
             match ev.1 {
                 Event::Resume { cpu, generation } => {
-                    if self.w().cpus[cpu.index()].resume_gen == generation
-                        && !self.spin_recheck(cpu)
-                    {
+                    if self.w().cpus[cpu.index()].resume_gen == generation {
                         self.poll_cpu(cpu);
                     }
                 }
@@ -164,6 +238,7 @@ impl Sim {
         }
         // The conditions point into the roots, dropped below.
         self.0.spin_conds.borrow_mut().fill(None);
+        self.w().spin_front = None;
         let w = self.w();
         let mut oracle = w.oracle.report();
         let result = SimResult {

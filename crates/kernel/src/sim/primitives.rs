@@ -33,7 +33,7 @@ impl Sim {
             let c = &mut w.cpus[cpu.index()];
             c.resume_gen += 1;
             let generation = c.resume_gen;
-            w.spin_wakes.push(at, (cpu, generation));
+            w.spin_wakes.push(at, SpinWake::One(cpu, generation));
         }
         Wake { armed: false }.await;
     }
