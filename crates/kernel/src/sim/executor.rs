@@ -66,6 +66,15 @@ impl Sim {
     /// between iterations, so when it is next polled it goes on as if it
     /// had made these iterations itself.
     ///
+    /// A spinner whose condition watches named state that has not been
+    /// touched since its last check (`Watch`) is not re-checked: the
+    /// condition reads nothing else, so it is still false. A clean run
+    /// (every member such a spinner, none with an interrupt arrived or its
+    /// bound reached) moves to its next wake-up whole, without visiting
+    /// its members: they share their iteration boundaries (all wake at
+    /// `now`, iterations of one length), so each would sleep to the same
+    /// first boundary at or after the next kernel event.
+    ///
     /// Nothing here pushes a kernel event or changes what a condition or
     /// the next wake-up reads, so the wake-ups are pushed in the order the
     /// entries were taken, the consecutive ones at one time as one run.
@@ -79,91 +88,111 @@ impl Sim {
         let mut guard = self.w();
         let w = &mut *guard;
         let now = w.now;
-        let mut out: Vec<(CpuId, u64)> = Vec::new();
-        let mut out_at = Cycles::ZERO;
+        // The run being gathered (not queued yet) and its wake-up.
+        let mut out: Option<(u32, Cycles)> = None;
         let mut poll = None;
         'entries: loop {
-            let (members, mut pos) = if let Some(front) = w.spin_front.take() {
+            let (id, mut pos) = if let Some(front) = w.spin_front.take() {
                 front
             } else if w.spin_wakes.peek_time() == Some(now) && w.queue.peek_time() != Some(now) {
-                match w.spin_wakes.pop().expect("peeked").1 {
-                    SpinWake::One(cpu, generation) => {
-                        let mut v = w.spin_pool.pop().unwrap_or_default();
-                        v.push((cpu, generation));
-                        (v, 0)
-                    }
-                    SpinWake::Run(v) => (v, 0),
-                }
+                (w.spin_wakes.pop().expect("peeked").1, 0)
             } else {
                 break;
             };
-            while pos < members.len() {
-                let (cpu, generation) = members[pos];
+            let run = &w.spin_runs[id as usize];
+            if pos == 0
+                && run.clean
+                && now < run.min_bound
+                && let Some(t) = w.queue.peek_time()
+            {
+                #[cfg(debug_assertions)]
+                for &(cpu, generation) in &run.members {
+                    if w.cpus[cpu.index()].resume_gen == generation
+                        && let Some(sc) = conds[cpu.index()]
+                    {
+                        // SAFETY: as below.
+                        let cond = unsafe { &*sc.cond };
+                        debug_assert!(!cond(w), "{cpu}'s watched condition changed untouched");
+                        debug_assert!(w.cpus[cpu.index()].takeable().is_none());
+                    }
+                }
+                let step = run.step;
+                let target = if t > now { t } else { now + Cycles(1) };
+                let wake = now + Cycles((target - now).0.div_ceil(step) * step);
+                match out {
+                    Some((o, at)) if at == wake => w.spin_merge(o, id),
+                    _ => {
+                        if let Some((o, at)) = out {
+                            w.spin_queue(o, at);
+                        }
+                        out = Some((id, wake));
+                    }
+                }
+                continue;
+            }
+            while pos < w.spin_runs[id as usize].members.len() {
+                let (cpu, generation) = w.spin_runs[id as usize].members[pos];
                 pos += 1;
                 let i = cpu.index();
                 if w.cpus[i].resume_gen != generation {
                     continue;
                 }
-                let wake = match (conds[i], w.spinners[i]) {
-                    (Some(sc), Some((_, since, step))) if w.cpus[i].takeable().is_none() => {
+                let next = match (conds[i], w.spinners[i]) {
+                    (Some(sc), Some(sp)) if w.cpus[i].takeable().is_none() => {
+                        let unchanged = sp.watch != Watch::Any && !sp.dirty && now < sp.bound_at;
                         // SAFETY: set while the coroutine sleeps in
                         // `spin_until`, which holds the closure pinned (see
                         // there); it is asleep now, or its resume
                         // generation would not have matched.
                         let cond = unsafe { &*sc.cond };
-                        if cond(w) {
+                        if unchanged {
+                            debug_assert!(!cond(w), "{cpu}'s watched condition changed untouched");
+                        }
+                        if !unchanged && cond(w) {
                             None
                         } else {
-                            super::primitives::spin_next_wake(w, since, step, sc.bound)
-                                .map(|wake| (wake, since, step))
+                            super::primitives::spin_next_wake(w, sp.since, sp.step, sc.bound)
+                                .map(|wake| (wake, sp.watch))
                         }
                     }
                     _ => None,
                 };
-                let Some((wake, since, step)) = wake else {
-                    if pos < members.len() {
-                        w.spin_front = Some((members, pos));
+                let Some((wake, watch)) = next else {
+                    if pos < w.spin_runs[id as usize].members.len() {
+                        w.spin_front = Some((id, pos));
                     } else {
-                        Self::spin_recycle(w, members);
+                        w.spin_recycle(id);
                     }
                     poll = Some(cpu);
                     break 'entries;
                 };
-                w.spinners[i] = Some((wake, since, step));
+                // Checked (or known) false: clean until `watch` changes.
+                if let Some(sp) = &mut w.spinners[i] {
+                    sp.dirty = false;
+                }
+                w.watch_list(cpu, watch);
                 let c = &mut w.cpus[i];
                 c.resume_gen += 1;
                 let generation = c.resume_gen;
-                if !out.is_empty() && out_at != wake {
-                    Self::spin_push(w, out_at, std::mem::take(&mut out));
-                }
-                if out.is_empty() {
-                    out = w.spin_pool.pop().unwrap_or_default();
-                    out_at = wake;
-                }
-                out.push((cpu, generation));
+                let o = match out {
+                    Some((o, at)) if at == wake => o,
+                    _ => {
+                        if let Some((o, at)) = out {
+                            w.spin_queue(o, at);
+                        }
+                        let o = w.spin_new_run();
+                        out = Some((o, wake));
+                        o
+                    }
+                };
+                w.spin_join(o, cpu, generation);
             }
-            Self::spin_recycle(w, members);
+            w.spin_recycle(id);
         }
-        if !out.is_empty() {
-            Self::spin_push(w, out_at, out);
+        if let Some((o, at)) = out {
+            w.spin_queue(o, at);
         }
         poll
-    }
-
-    /// Pushes a run of wake-ups at `at` (one alone as such).
-    fn spin_push(w: &mut World, at: Cycles, mut run: Vec<(CpuId, u64)>) {
-        if let [(cpu, generation)] = run[..] {
-            run.clear();
-            w.spin_pool.push(run);
-            w.spin_wakes.push(at, SpinWake::One(cpu, generation));
-        } else {
-            w.spin_wakes.push(at, SpinWake::Run(run));
-        }
-    }
-
-    fn spin_recycle(w: &mut World, mut run: Vec<(CpuId, u64)>) {
-        run.clear();
-        w.spin_pool.push(run);
     }
 
     // ----- the event loop ------------------------------------------------
@@ -299,6 +328,12 @@ impl Sim {
             return;
         }
         c.pending |= irq.bit();
+        // A spinner with an interrupt to take is re-checked at its next
+        // wake-up.
+        if let Some(sp) = w.spinners[cpu.index()] {
+            w.spin_runs[sp.run as usize].clean = false;
+        }
+        let c = &mut w.cpus[cpu.index()];
         match c.mode {
             Mode::User => {
                 if c.takeable().is_some() {

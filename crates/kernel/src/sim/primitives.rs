@@ -33,7 +33,7 @@ impl Sim {
             let c = &mut w.cpus[cpu.index()];
             c.resume_gen += 1;
             let generation = c.resume_gen;
-            w.spin_wakes.push(at, SpinWake::One(cpu, generation));
+            w.spin_push_one(at, cpu, generation);
         }
         Wake { armed: false }.await;
     }
@@ -157,6 +157,22 @@ impl Sim {
     /// iteration boundary at or after the next queued event: the same
     /// iteration times, counts and interrupt points, far fewer events.
     pub async fn spin_until(&self, cpu: CpuId, what: &str, cond: impl Fn(&World) -> bool) {
+        self.spin_until_watching(cpu, what, Watch::Any, cond).await
+    }
+
+    /// [`Sim::spin_until`] for a condition that reads nothing but `watch`
+    /// (a lock, a pmap's lock, or state a protocol names with
+    /// [`Sim::new_watch`] and [`Sim::touch`]es whenever it changes it): its
+    /// wake-ups re-check it only after `watch` was touched, and while
+    /// nothing it reads changes the spinner costs no work at all. Every
+    /// iteration time, count and result is that of `spin_until`.
+    pub async fn spin_until_watching(
+        &self,
+        cpu: CpuId,
+        what: &str,
+        watch: Watch,
+        cond: impl Fn(&World) -> bool,
+    ) {
         let (step, bound) = {
             let w = self.w();
             (w.cfg.costs.spin_iteration_cycles.max(1), w.cfg.spin_bound)
@@ -185,7 +201,18 @@ impl Sim {
                 std::future::pending::<()>().await;
                 return;
             };
-            self.w().spinners[cpu.index()] = Some((wake, since, step));
+            {
+                let mut w = self.w();
+                w.spinners[cpu.index()] = Some(Spinner {
+                    since,
+                    step,
+                    bound_at: since + Cycles((bound + 1) * step),
+                    watch,
+                    dirty: false,
+                    run: u32::MAX,
+                });
+                w.watch_list(cpu, watch);
+            }
             {
                 let c: &(dyn Fn(&World) -> bool + '_) = &cond;
                 // SAFETY: only the lifetime is erased. `cond` lives in this
@@ -238,12 +265,16 @@ impl Sim {
                 assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
                 if p.lock.is_none() {
                     p.lock = Some(cpu);
+                    w.touch(Watch::Pmap(pmap));
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("pmap {} lock", pmap.0), |w| {
-                w.pmaps[pmap.0 as usize].lock.is_none()
-            })
+            self.spin_until_watching(
+                cpu,
+                &format!("pmap {} lock", pmap.0),
+                Watch::Pmap(pmap),
+                |w| w.pmaps[pmap.0 as usize].lock.is_none(),
+            )
             .await;
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
@@ -262,6 +293,7 @@ impl Sim {
             assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
             if p.lock.is_none() {
                 p.lock = Some(cpu);
+                w.touch(Watch::Pmap(pmap));
                 true
             } else {
                 false
@@ -286,9 +318,23 @@ impl Sim {
                 pmap.0
             );
             p.lock = None;
+            w.touch(Watch::Pmap(pmap));
         }
         self.lock_released(cpu, crate::lockorder::LockRef::Pmap(pmap));
         self.delay(cpu, Cycles(c)).await;
+    }
+
+    /// A key for state a protocol's spin conditions read (see
+    /// [`Sim::spin_until_watching`]).
+    pub fn new_watch(&self) -> Watch {
+        let mut w = self.w();
+        w.next_watch += 1;
+        Watch::Key(w.next_watch - 1)
+    }
+
+    /// The state `watch` names changed (call it before the next await).
+    pub fn touch(&self, watch: Watch) {
+        self.w().touch(watch);
     }
 
     /// Allocates a named spin lock for a protocol.
@@ -305,11 +351,14 @@ impl Sim {
                 let mut w = self.w();
                 if w.locks[lock].is_none() {
                     w.locks[lock] = Some(cpu);
+                    w.touch(Watch::Lock(lock));
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none())
-                .await;
+            self.spin_until_watching(cpu, &format!("lock {lock}"), Watch::Lock(lock), |w| {
+                w.locks[lock].is_none()
+            })
+            .await;
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Named(lock), order);
         let c = self.costs().lock_cycles;
@@ -326,6 +375,7 @@ impl Sim {
             assert_ne!(w.locks[lock], Some(cpu), "{cpu} relocks lock {lock}");
             if w.locks[lock].is_none() {
                 w.locks[lock] = Some(cpu);
+                w.touch(Watch::Lock(lock));
                 true
             } else {
                 false
@@ -348,6 +398,7 @@ impl Sim {
                 "{cpu} unlocks lock {lock} it does not hold"
             );
             w.locks[lock] = None;
+            w.touch(Watch::Lock(lock));
         }
         self.lock_released(cpu, crate::lockorder::LockRef::Named(lock));
         let c = self.costs().unlock_cycles;
