@@ -215,6 +215,11 @@ pub struct World {
     pub(crate) now: Cycles,
     /// Per CPU, while it spins.
     pub(crate) spinners: Vec<Option<Spinner>>,
+    /// Per CPU, while its idle loop waits for its next poll: the poll
+    /// interval (see `Sim::idle_recheck`).
+    pub(crate) idle_polls: Vec<Option<Cycles>>,
+    /// How many of `spinners` are set.
+    pub(crate) spinning: usize,
     /// Per watched state, the CPUs whose spinners have found their
     /// condition false since it last changed (see `World::touch`); and per
     /// CPU, the list it is on.
@@ -324,6 +329,9 @@ impl World {
     /// Wakes every spinner sleeping past `at` at its first iteration
     /// boundary at or after `at`.
     fn rearm_spinners(&mut self, at: Cycles) {
+        if self.spinning == 0 {
+            return;
+        }
         for s in 0..self.spinners.len() {
             if let Some(sp) = self.spinners[s] {
                 let wake = self.spin_runs[sp.run as usize].wake;
@@ -652,6 +660,8 @@ impl Sim {
             spin_front: None,
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
+            spinning: 0,
+            idle_polls: vec![None; cfg.cpus],
             watchers: HashMap::new(),
             watch_listed: vec![None; cfg.cpus],
             next_watch: 0,

@@ -195,6 +195,33 @@ impl Sim {
         poll
     }
 
+    /// An idle loop's poll that finds nothing, done without polling its
+    /// coroutine: when `cpu` waits in the idle loop (`Sim::idle`) with no
+    /// interrupt to take and no thread it may run, this does what the
+    /// coroutine would (leave `idle_wait`, find nothing, wait again: its
+    /// resume generation and the same push of its next poll; the waiting
+    /// flag ends as it was) and returns true. The coroutine stays
+    /// suspended in `idle_wait`, which keeps nothing between polls.
+    /// Otherwise it changes nothing and returns false.
+    fn idle_recheck(&self, cpu: CpuId) -> bool {
+        let mut w = self.w();
+        let Some(poll) = w.idle_polls[cpu.index()] else {
+            return false;
+        };
+        // (`idle_waiting`: asleep in `idle_wait` itself, not in the
+        // handler of an interrupt it took.)
+        let c = &w.cpus[cpu.index()];
+        if !c.idle_waiting || c.takeable().is_some() || w.stop || w.has_work(cpu) {
+            return false;
+        }
+        let at = w.now + poll;
+        let c = &mut w.cpus[cpu.index()];
+        c.resume_gen += 1;
+        let generation = c.resume_gen;
+        w.queue.push(at, Event::Resume { cpu, generation });
+        true
+    }
+
     // ----- the event loop ------------------------------------------------
 
     /// Stops the run soon after `flag` is raised (it is read every 4,096
@@ -253,7 +280,9 @@ impl Sim {
             };
             match ev.1 {
                 Event::Resume { cpu, generation } => {
-                    if self.w().cpus[cpu.index()].resume_gen == generation {
+                    if self.w().cpus[cpu.index()].resume_gen == generation
+                        && !self.idle_recheck(cpu)
+                    {
                         self.poll_cpu(cpu);
                     }
                 }

@@ -203,6 +203,7 @@ impl Sim {
             };
             {
                 let mut w = self.w();
+                w.spinning += 1;
                 w.spinners[cpu.index()] = Some(Spinner {
                     since,
                     step,
@@ -227,7 +228,11 @@ impl Sim {
             }
             self.spin_sleep_until(cpu, wake).await;
             self.0.spin_conds.borrow_mut()[cpu.index()] = None;
-            self.w().spinners[cpu.index()] = None;
+            {
+                let mut w = self.w();
+                w.spinners[cpu.index()] = None;
+                w.spinning -= 1;
+            }
             if self.w().cpus[cpu.index()].takeable().is_some() {
                 // The handler changes kernel state outside any event the
                 // other spinners foresaw (spinner wake-ups are not kernel
@@ -480,6 +485,27 @@ impl Sim {
         let mut w = self.w();
         let at = w.now() + after;
         w.queue.push(at, Event::Irq { cpu: target, irq });
+    }
+
+    /// The idle loop's wait for its next poll: `idle_wait`, during whose
+    /// sleep a poll that would find nothing is done by the event loop
+    /// (`Sim::idle_recheck`).
+    pub(crate) async fn idle_poll(&self, cpu: CpuId, c: Cycles) {
+        {
+            let mut w = self.w();
+            w.cpus[cpu.index()].idle_waiting = true;
+            w.idle_polls[cpu.index()] = Some(c);
+        }
+        let at = self.now() + c;
+        self.sleep_until(cpu, at).await;
+        {
+            let mut w = self.w();
+            w.cpus[cpu.index()].idle_waiting = false;
+            w.idle_polls[cpu.index()] = None;
+        }
+        if self.w().cpus[cpu.index()].takeable().is_some() {
+            self.take_interrupts(cpu).await;
+        }
     }
 
     /// The idle loop's wait: cut short by any interrupt.
