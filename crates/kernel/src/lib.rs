@@ -45,5 +45,5 @@ pub use costs::Costs;
 pub use cpu::{Ipl, Irq};
 pub use pmap::{Change, Cookie, PmapId, Protocol, Update};
 pub use program::{Op, Program, Prot, RefKind, Refs, Syscall, ThreadCtx};
-pub use sim::{KFuture, KernelParams, Sim, SimConfig, SimResult};
+pub use sim::{KFuture, KernelParams, Sim, SimConfig, SimResult, Watch};
 pub use vm::{TaskId, ThreadId};

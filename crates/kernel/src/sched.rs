@@ -6,7 +6,7 @@ use mmulab_machine::CpuId;
 
 use crate::cpu::{Irq, Mode};
 use crate::program::Op;
-use crate::sim::{Sim, Trap};
+use crate::sim::{Sim, Trap, World};
 use crate::vm::{ThreadId, ThreadState};
 
 /// Why a CPU entered the kernel.
@@ -164,10 +164,7 @@ impl Sim {
     }
 
     fn has_work(&self, cpu: CpuId) -> bool {
-        let w = self.w();
-        w.run_queue
-            .iter()
-            .any(|&t| w.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))
+        self.w().has_work(cpu)
     }
 
     /// Runs `t` on `cpu`, loading its address space unless it is the one
@@ -216,7 +213,7 @@ impl Sim {
             if self.w().stop {
                 std::future::pending::<()>().await;
             }
-            self.idle_wait(cpu, poll).await;
+            self.idle_poll(cpu, poll).await;
         }
         p.idle_exit(self, cpu).await;
         self.w().cpus[cpu.index()].idle = false;
@@ -242,5 +239,14 @@ impl Sim {
             let lat = Cycles(self.costs().ipi_latency_cycles);
             self.post_irq(c, Irq::Reschedule, lat);
         }
+    }
+}
+
+impl World {
+    /// A thread in the run queue may run on `cpu`.
+    pub(crate) fn has_work(&self, cpu: CpuId) -> bool {
+        self.run_queue
+            .iter()
+            .any(|&t| self.threads[t.0 as usize].affinity.is_none_or(|a| a == cpu))
     }
 }

@@ -212,11 +212,32 @@ pub struct World {
     /// condition changes nothing, so other spinners sleep past it to the
     /// next *kernel* event (see `Sim::spin_until`) instead of waking each
     /// other every iteration.
-    pub(crate) spin_wakes: EventQueue<(CpuId, u64)>,
+    /// Entries are runs (`spin_runs`): the wake-ups of one or more
+    /// spinners at one time, in push order.
+    pub(crate) spin_wakes: EventQueue<u32>,
+    /// The runs, by index; `spin_free` lists the unused ones.
+    pub(crate) spin_runs: Vec<SpinRun>,
+    pub(crate) spin_free: Vec<u32>,
+    /// What is left of a run at `now` when one of its spinners had to be
+    /// polled (the run, and its first member left): it comes before every
+    /// entry still in `spin_wakes` (see `Sim::spin_drain`).
+    pub(crate) spin_front: Option<(u32, usize)>,
     /// The time of the event being processed.
     pub(crate) now: Cycles,
-    /// Per CPU, while it spins: (wake time, spin start, iteration).
-    pub(crate) spinners: Vec<Option<(Cycles, Cycles, u64)>>,
+    /// Per CPU, while it spins.
+    pub(crate) spinners: Vec<Option<Spinner>>,
+    /// Per CPU, while its idle loop waits for its next poll: the poll
+    /// interval (see `Sim::idle_recheck`).
+    pub(crate) idle_polls: Vec<Option<Cycles>>,
+    /// How many of `spinners` are set.
+    pub(crate) spinning: usize,
+    /// Per watched state, the CPUs whose spinners have found their
+    /// condition false since it last changed (see `World::touch`); and per
+    /// CPU, the list it is on.
+    pub(crate) watchers: HashMap<Watch, Vec<CpuId>>,
+    pub(crate) watch_listed: Vec<Option<Watch>>,
+    /// Keys handed out by `Sim::new_watch`.
+    pub(crate) next_watch: u32,
     pub mem: PhysMem,
     pub oracle: Oracle,
     pub cpus: Vec<Cpu>,
@@ -305,24 +326,158 @@ impl World {
         self.now
     }
 
+    /// The time of the next spinner's wake-up: a run's rest left at `now`
+    /// comes first.
+    #[inline]
+    pub(crate) fn spin_peek(&self) -> Option<Cycles> {
+        if self.spin_front.is_some() {
+            Some(self.now)
+        } else {
+            self.spin_wakes.peek_time()
+        }
+    }
+
     /// Wakes every spinner sleeping past `at` at its first iteration
     /// boundary at or after `at`.
     fn rearm_spinners(&mut self, at: Cycles) {
+        if self.spinning == 0 {
+            return;
+        }
         for s in 0..self.spinners.len() {
-            if let Some((wake, since, step)) = self.spinners[s]
-                && wake > at
-            {
-                let rearm = since + Cycles((at - since).0.div_ceil(step) * step);
-                if rearm < wake {
-                    self.spinners[s] = Some((rearm, since, step));
-                    let c = &mut self.cpus[s];
-                    c.resume_gen += 1;
-                    let generation = c.resume_gen;
-                    self.spin_wakes.push(rearm, (CpuId(s as u16), generation));
+            if let Some(sp) = self.spinners[s] {
+                let wake = self.spin_runs[sp.run as usize].wake;
+                if wake > at {
+                    let rearm = sp.since + Cycles((at - sp.since).0.div_ceil(sp.step) * sp.step);
+                    if rearm < wake {
+                        // The old entry goes stale: its run is gone through
+                        // member by member.
+                        self.spin_runs[sp.run as usize].clean = false;
+                        let c = &mut self.cpus[s];
+                        c.resume_gen += 1;
+                        let generation = c.resume_gen;
+                        self.spin_push_one(rearm, CpuId(s as u16), generation);
+                    }
                 }
             }
         }
     }
+
+    /// A new, empty run (not queued).
+    pub(crate) fn spin_new_run(&mut self) -> u32 {
+        let id = match self.spin_free.pop() {
+            Some(id) => id,
+            None => {
+                self.spin_runs.push(SpinRun {
+                    members: Vec::new(),
+                    wake: Cycles::ZERO,
+                    step: 1,
+                    min_bound: Cycles::ZERO,
+                    clean: true,
+                });
+                (self.spin_runs.len() - 1) as u32
+            }
+        };
+        let r = &mut self.spin_runs[id as usize];
+        r.members.clear();
+        r.min_bound = Cycles(u64::MAX);
+        r.clean = true;
+        id
+    }
+
+    /// Adds a spinner (its state in `spinners`) with its resume generation
+    /// at the end of run `id`.
+    pub(crate) fn spin_join(&mut self, id: u32, cpu: CpuId, generation: u64) {
+        let sp = self.spinners[cpu.index()]
+            .as_mut()
+            .expect("a queued spinner spins");
+        sp.run = id;
+        let (clean, bound, step) = (sp.watch != Watch::Any && !sp.dirty, sp.bound_at, sp.step);
+        let r = &mut self.spin_runs[id as usize];
+        r.members.push((cpu, generation));
+        r.clean &= clean;
+        r.min_bound = r.min_bound.min(bound);
+        r.step = step;
+    }
+
+    /// Moves run `from`'s members to the end of run `to` (`from` is freed).
+    pub(crate) fn spin_merge(&mut self, to: u32, from: u32) {
+        let members = std::mem::take(&mut self.spin_runs[from as usize].members);
+        for &(cpu, _) in &members {
+            if let Some(sp) = &mut self.spinners[cpu.index()]
+                && sp.run == from
+            {
+                sp.run = to;
+            }
+        }
+        let (clean, bound) = {
+            let f = &self.spin_runs[from as usize];
+            (f.clean, f.min_bound)
+        };
+        let r = &mut self.spin_runs[to as usize];
+        r.members.extend_from_slice(&members);
+        r.clean &= clean;
+        r.min_bound = r.min_bound.min(bound);
+        let mut members = members;
+        members.clear();
+        self.spin_runs[from as usize].members = members;
+        self.spin_free.push(from);
+    }
+
+    /// Queues run `id` to wake at `at`.
+    pub(crate) fn spin_queue(&mut self, id: u32, at: Cycles) {
+        self.spin_runs[id as usize].wake = at;
+        self.spin_wakes.push(at, id);
+    }
+
+    /// Queues one spinner's wake-up (a run of one).
+    pub(crate) fn spin_push_one(&mut self, at: Cycles, cpu: CpuId, generation: u64) {
+        let id = self.spin_new_run();
+        self.spin_join(id, cpu, generation);
+        self.spin_queue(id, at);
+    }
+
+    /// Frees a run taken off the queue.
+    pub(crate) fn spin_recycle(&mut self, id: u32) {
+        self.spin_runs[id as usize].members.clear();
+        self.spin_free.push(id);
+    }
+
+    /// State that spinners watch (`watch`) changed: each spinner that
+    /// found its condition false since the last change re-checks it at its
+    /// next wake-up. Everything that changes watched state calls this
+    /// before it lets another coroutine run.
+    pub fn touch(&mut self, watch: Watch) {
+        let Some(list) = self.watchers.get_mut(&watch) else {
+            return;
+        };
+        let list = std::mem::take(list);
+        for &cpu in &list {
+            if self.watch_listed[cpu.index()] == Some(watch) {
+                self.watch_listed[cpu.index()] = None;
+            }
+            if let Some(sp) = &mut self.spinners[cpu.index()]
+                && sp.watch == watch
+            {
+                sp.dirty = true;
+                self.spin_runs[sp.run as usize].clean = false;
+            }
+        }
+        let mut list = list;
+        list.clear();
+        if let Some(l) = self.watchers.get_mut(&watch) {
+            *l = list;
+        }
+    }
+
+    /// `cpu`'s spinner found its condition (which reads `watch`) false:
+    /// it needs no re-check until `watch` is touched.
+    pub(crate) fn watch_list(&mut self, cpu: CpuId, watch: Watch) {
+        if watch != Watch::Any && self.watch_listed[cpu.index()] != Some(watch) {
+            self.watchers.entry(watch).or_default().push(cpu);
+            self.watch_listed[cpu.index()] = Some(watch);
+        }
+    }
+
     pub fn record(&mut self, hist: &str, v: f64) {
         self.hists.entry(hist.to_string()).or_default().record(v);
     }
@@ -341,8 +496,58 @@ struct Inner {
     roots: RefCell<Vec<Option<KFuture<'static>>>>,
     /// Per CPU, while its coroutine sleeps inside `spin_until`: that
     /// call's condition and bound, so that the event loop can re-check a
-    /// spinner without polling its coroutine (see `Sim::spin_recheck`).
+    /// spinner without polling its coroutine (see `Sim::spin_drain`).
     spin_conds: RefCell<Vec<Option<SpinCond>>>,
+}
+
+/// What a spinner's condition reads, so that its wake-ups need not
+/// re-check it while none of that changed (see `Sim::spin_until_watching`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Watch {
+    /// Anything: re-checked at every wake-up.
+    Any,
+    /// A named spin lock (`Sim::lock`).
+    Lock(usize),
+    /// A pmap's spin lock.
+    Pmap(PmapId),
+    /// State a protocol names (`Sim::new_watch`) and touches whenever it
+    /// changes it (`Sim::touch`).
+    Key(u32),
+}
+
+/// A spinning CPU's state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spinner {
+    pub(crate) since: Cycles,
+    pub(crate) step: u64,
+    /// The first iteration boundary past the spin bound.
+    pub(crate) bound_at: Cycles,
+    pub(crate) watch: Watch,
+    /// What it watches changed since it last checked its condition.
+    pub(crate) dirty: bool,
+    /// The run holding its live wake-up.
+    pub(crate) run: u32,
+}
+
+/// Spinners' wake-ups at one time, in the order they were pushed. A run
+/// stands for its members' entries pushed one after the other at the
+/// moment the run is pushed: nothing else is pushed to the queue between
+/// them, so the order of wake-ups is that of one entry per spinner (see
+/// `Sim::spin_drain`).
+#[derive(Debug)]
+pub(crate) struct SpinRun {
+    /// (CPU, resume generation): a member whose generation moved on has a
+    /// newer entry elsewhere and is skipped.
+    pub(crate) members: Vec<(CpuId, u64)>,
+    pub(crate) wake: Cycles,
+    /// The members' iteration (one configuration value).
+    pub(crate) step: u64,
+    /// The earliest `bound_at` among the members.
+    pub(crate) min_bound: Cycles,
+    /// Every member watches named state and none has seen it change, none
+    /// has an interrupt arrived and none has gone stale: the run's
+    /// conditions are still false.
+    pub(crate) clean: bool,
 }
 
 /// A spinner's condition, borrowed from its suspended `spin_until` future.
@@ -461,8 +666,16 @@ impl Sim {
             queue: EventQueue::new(),
             slices: SmallQueue::new(),
             spin_wakes: EventQueue::new(),
+            spin_runs: Vec::new(),
+            spin_free: Vec::new(),
+            spin_front: None,
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
+            spinning: 0,
+            idle_polls: vec![None; cfg.cpus],
+            watchers: HashMap::new(),
+            watch_listed: vec![None; cfg.cpus],
+            next_watch: 0,
             mem,
             oracle: Oracle::new(),
             cpus,

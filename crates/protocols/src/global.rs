@@ -5,7 +5,7 @@
 use std::cell::Cell;
 
 use mmulab_engine::Cycles;
-use mmulab_kernel::{Ipl, Irq, KFuture, Protocol, Sim, Update};
+use mmulab_kernel::{Ipl, Irq, KFuture, Protocol, Sim, Update, Watch};
 use mmulab_machine::CpuId;
 
 use crate::ProtocolOptions;
@@ -26,6 +26,10 @@ pub struct Global {
     round: Cell<u64>,
     stopped: Cell<usize>,
     released: Cell<u64>,
+    /// What the spinners watch: `stopped` (the initiator) and `released`
+    /// (the responders); touched at every change.
+    stopped_watch: Cell<Watch>,
+    released_watch: Cell<Watch>,
 }
 
 impl Global {
@@ -36,6 +40,8 @@ impl Global {
             round: Cell::new(0),
             stopped: Cell::new(0),
             released: Cell::new(0),
+            stopped_watch: Cell::new(Watch::Any),
+            released_watch: Cell::new(Watch::Any),
         }
     }
 }
@@ -50,6 +56,8 @@ impl Protocol for Global {
 
     fn init(&self, sim: &Sim) {
         self.lock.set(Some(sim.new_lock()));
+        self.stopped_watch.set(sim.new_watch());
+        self.released_watch.set(sim.new_watch());
     }
 
     fn update<'a>(&'a self, sim: &'a Sim, cpu: CpuId, u: Update) -> KFuture<'a> {
@@ -70,13 +78,17 @@ impl Protocol for Global {
             };
             self.round.set(self.round.get() + 1);
             self.stopped.set(0);
+            sim.touch(self.stopped_watch.get());
             for &t in &others {
                 sim.send_ipi(cpu, t, Irq::Shootdown).await;
             }
             let n = others.len();
-            sim.spin_until(cpu, "global: every CPU stopped", |_| {
-                self.stopped.get() == n
-            })
+            sim.spin_until_watching(
+                cpu,
+                "global: every CPU stopped",
+                self.stopped_watch.get(),
+                |_| self.stopped.get() == n,
+            )
             .await;
             sim.record("shootdown.initiator_cycles", (sim.now() - start).0 as f64);
             sim.count("shootdown.count", 1);
@@ -86,6 +98,7 @@ impl Protocol for Global {
             let f = sim.tlb_flush(cpu);
             sim.delay(cpu, f).await;
             self.released.set(self.round.get());
+            sim.touch(self.released_watch.get());
             sim.set_ipl(cpu, saved);
             sim.unlock(cpu, lock).await;
         })
@@ -96,9 +109,13 @@ impl Protocol for Global {
             let start = sim.now();
             let round = self.round.get();
             self.stopped.set(self.stopped.get() + 1);
-            sim.spin_until(cpu, "global: initiator done", |_| {
-                self.released.get() >= round
-            })
+            sim.touch(self.stopped_watch.get());
+            sim.spin_until_watching(
+                cpu,
+                "global: initiator done",
+                self.released_watch.get(),
+                |_| self.released.get() >= round,
+            )
             .await;
             if self.mutation == Mutation::None {
                 let f = sim.tlb_flush(cpu);

@@ -55,41 +55,170 @@ impl Sim {
         }
     }
 
-    /// A spinner's wake-up that changes nothing, done without polling its
-    /// coroutine: when `cpu` sleeps in `spin_until`, has no interrupt to
-    /// take, its condition is still false and its bound not passed, this
-    /// does what the coroutine would (clear, re-check, sleep to its next
-    /// wake-up: the same state changes and the same push) and returns
-    /// true. The coroutine stays suspended where it was; its loop keeps no
-    /// state between iterations, so when it is next polled it goes on as
-    /// if it had made these iterations itself. Otherwise (or when `cpu`
-    /// is not spinning) it changes nothing and returns false.
-    fn spin_recheck(&self, cpu: CpuId) -> bool {
-        let Some(sc) = self.0.spin_conds.borrow()[cpu.index()] else {
-            return false;
-        };
+    /// Spinners' wake-ups at `now`, done without polling their coroutines
+    /// while they change nothing: for each wake-up in queue order (a run's
+    /// rest left at `now` first, then the queue's entries at `now`), a
+    /// stale one (its CPU's resume generation moved on) is dropped, and a
+    /// spinner with no interrupt to take, its condition still false and its
+    /// bound not passed does what its coroutine would (sleep to its next
+    /// wake-up: the same state changes, the same wake-up). The coroutine
+    /// stays suspended where it was; `spin_until`'s loop keeps no state
+    /// between iterations, so when it is next polled it goes on as if it
+    /// had made these iterations itself.
+    ///
+    /// A spinner whose condition watches named state that has not been
+    /// touched since its last check (`Watch`) is not re-checked: the
+    /// condition reads nothing else, so it is still false. A clean run
+    /// (every member such a spinner, none with an interrupt arrived or its
+    /// bound reached) moves to its next wake-up whole, without visiting
+    /// its members: they share their iteration boundaries (all wake at
+    /// `now`, iterations of one length), so each would sleep to the same
+    /// first boundary at or after the next kernel event.
+    ///
+    /// Nothing here pushes a kernel event or changes what a condition or
+    /// the next wake-up reads, so the wake-ups are pushed in the order the
+    /// entries were taken, the consecutive ones at one time as one run.
+    /// The first spinner that must be polled ends the drain: the pending
+    /// run is pushed, the rest of the current one is kept at the front
+    /// (`spin_front`, before anything pushed later), and its CPU is
+    /// returned for the caller to poll, as the event loop polled it when
+    /// each wake-up was an event of its own.
+    fn spin_drain(&self) -> Option<CpuId> {
+        let conds = self.0.spin_conds.borrow();
+        let mut guard = self.w();
+        let w = &mut *guard;
+        let now = w.now;
+        // The run being gathered (not queued yet) and its wake-up.
+        let mut out: Option<(u32, Cycles)> = None;
+        let mut poll = None;
+        'entries: loop {
+            let (id, mut pos) = if let Some(front) = w.spin_front.take() {
+                front
+            } else if w.spin_wakes.peek_time() == Some(now) && w.queue.peek_time() != Some(now) {
+                (w.spin_wakes.pop().expect("peeked").1, 0)
+            } else {
+                break;
+            };
+            let run = &w.spin_runs[id as usize];
+            if pos == 0
+                && run.clean
+                && now < run.min_bound
+                && let Some(t) = w.queue.peek_time()
+            {
+                #[cfg(debug_assertions)]
+                for &(cpu, generation) in &run.members {
+                    if w.cpus[cpu.index()].resume_gen == generation
+                        && let Some(sc) = conds[cpu.index()]
+                    {
+                        // SAFETY: as below.
+                        let cond = unsafe { &*sc.cond };
+                        debug_assert!(!cond(w), "{cpu}'s watched condition changed untouched");
+                        debug_assert!(w.cpus[cpu.index()].takeable().is_none());
+                    }
+                }
+                let step = run.step;
+                let target = if t > now { t } else { now + Cycles(1) };
+                let wake = now + Cycles((target - now).0.div_ceil(step) * step);
+                match out {
+                    Some((o, at)) if at == wake => w.spin_merge(o, id),
+                    _ => {
+                        if let Some((o, at)) = out {
+                            w.spin_queue(o, at);
+                        }
+                        out = Some((id, wake));
+                    }
+                }
+                continue;
+            }
+            while pos < w.spin_runs[id as usize].members.len() {
+                let (cpu, generation) = w.spin_runs[id as usize].members[pos];
+                pos += 1;
+                let i = cpu.index();
+                if w.cpus[i].resume_gen != generation {
+                    continue;
+                }
+                let next = match (conds[i], w.spinners[i]) {
+                    (Some(sc), Some(sp)) if w.cpus[i].takeable().is_none() => {
+                        let unchanged = sp.watch != Watch::Any && !sp.dirty && now < sp.bound_at;
+                        // SAFETY: set while the coroutine sleeps in
+                        // `spin_until`, which holds the closure pinned (see
+                        // there); it is asleep now, or its resume
+                        // generation would not have matched.
+                        let cond = unsafe { &*sc.cond };
+                        if unchanged {
+                            debug_assert!(!cond(w), "{cpu}'s watched condition changed untouched");
+                        }
+                        if !unchanged && cond(w) {
+                            None
+                        } else {
+                            super::primitives::spin_next_wake(w, sp.since, sp.step, sc.bound)
+                                .map(|wake| (wake, sp.watch))
+                        }
+                    }
+                    _ => None,
+                };
+                let Some((wake, watch)) = next else {
+                    if pos < w.spin_runs[id as usize].members.len() {
+                        w.spin_front = Some((id, pos));
+                    } else {
+                        w.spin_recycle(id);
+                    }
+                    poll = Some(cpu);
+                    break 'entries;
+                };
+                // Checked (or known) false: clean until `watch` changes.
+                if let Some(sp) = &mut w.spinners[i] {
+                    sp.dirty = false;
+                }
+                w.watch_list(cpu, watch);
+                let c = &mut w.cpus[i];
+                c.resume_gen += 1;
+                let generation = c.resume_gen;
+                let o = match out {
+                    Some((o, at)) if at == wake => o,
+                    _ => {
+                        if let Some((o, at)) = out {
+                            w.spin_queue(o, at);
+                        }
+                        let o = w.spin_new_run();
+                        out = Some((o, wake));
+                        o
+                    }
+                };
+                w.spin_join(o, cpu, generation);
+            }
+            w.spin_recycle(id);
+        }
+        if let Some((o, at)) = out {
+            w.spin_queue(o, at);
+        }
+        poll
+    }
+
+    /// An idle loop's poll that finds nothing, done without polling its
+    /// coroutine: when `cpu` waits in the idle loop (`Sim::idle`) with no
+    /// interrupt to take and no thread it may run, this does what the
+    /// coroutine would (leave `idle_wait`, find nothing, wait again: its
+    /// resume generation and the same push of its next poll; the waiting
+    /// flag ends as it was) and returns true. The coroutine stays
+    /// suspended in `idle_wait`, which keeps nothing between polls.
+    /// Otherwise it changes nothing and returns false.
+    fn idle_recheck(&self, cpu: CpuId) -> bool {
         let mut w = self.w();
-        let Some((_, since, step)) = w.spinners[cpu.index()] else {
+        let Some(poll) = w.idle_polls[cpu.index()] else {
             return false;
         };
-        if w.cpus[cpu.index()].takeable().is_some() {
+        // (`idle_waiting`: asleep in `idle_wait` itself, not in the
+        // handler of an interrupt it took.)
+        let c = &w.cpus[cpu.index()];
+        if !c.idle_waiting || c.takeable().is_some() || w.stop || w.has_work(cpu) {
             return false;
         }
-        // SAFETY: set while the coroutine sleeps in `spin_until`, which
-        // holds the closure pinned (see there); it is asleep now, or its
-        // resume generation would not have matched.
-        let cond = unsafe { &*sc.cond };
-        if cond(&w) {
-            return false;
-        }
-        let Some(wake) = super::primitives::spin_next_wake(&w, since, step, sc.bound) else {
-            return false;
-        };
-        w.spinners[cpu.index()] = Some((wake, since, step));
+        let at = w.now + poll;
         let c = &mut w.cpus[cpu.index()];
         c.resume_gen += 1;
         let generation = c.resume_gen;
-        w.spin_wakes.push(wake, (cpu, generation));
+        w.queue.push(at, Event::Resume { cpu, generation });
         true
     }
 
@@ -124,7 +253,7 @@ impl Sim {
                 // Kernel events, then spinners' wake-ups, then user slices
                 // at the same cycle.
                 let kernel = w.queue.peek_time();
-                let spin = w.spin_wakes.peek_time();
+                let spin = w.spin_peek();
                 let slice = w.slices.peek_time();
                 // (Plain `Option` minima: a flattened array iterator here
                 // compiled to stack round trips on every event.)
@@ -139,8 +268,11 @@ impl Sim {
                 if kernel == Some(next) {
                     w.queue.pop().expect("peeked")
                 } else if spin == Some(next) {
-                    let (t, (cpu, generation)) = w.spin_wakes.pop().expect("peeked");
-                    (t, Event::Resume { cpu, generation })
+                    drop(w);
+                    if let Some(cpu) = self.spin_drain() {
+                        self.poll_cpu(cpu);
+                    }
+                    continue;
                 } else {
                     let (t, (cpu, generation)) = w.slices.pop().expect("peeked");
                     (t, Event::UserSlice { cpu, generation })
@@ -149,7 +281,7 @@ impl Sim {
             match ev.1 {
                 Event::Resume { cpu, generation } => {
                     if self.w().cpus[cpu.index()].resume_gen == generation
-                        && !self.spin_recheck(cpu)
+                        && !self.idle_recheck(cpu)
                     {
                         self.poll_cpu(cpu);
                     }
@@ -164,6 +296,7 @@ impl Sim {
         }
         // The conditions point into the roots, dropped below.
         self.0.spin_conds.borrow_mut().fill(None);
+        self.w().spin_front = None;
         let w = self.w();
         let mut oracle = w.oracle.report();
         let result = SimResult {
@@ -224,6 +357,12 @@ impl Sim {
             return;
         }
         c.pending |= irq.bit();
+        // A spinner with an interrupt to take is re-checked at its next
+        // wake-up.
+        if let Some(sp) = w.spinners[cpu.index()] {
+            w.spin_runs[sp.run as usize].clean = false;
+        }
+        let c = &mut w.cpus[cpu.index()];
         match c.mode {
             Mode::User => {
                 if c.takeable().is_some() {

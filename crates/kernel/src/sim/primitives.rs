@@ -33,7 +33,7 @@ impl Sim {
             let c = &mut w.cpus[cpu.index()];
             c.resume_gen += 1;
             let generation = c.resume_gen;
-            w.spin_wakes.push(at, (cpu, generation));
+            w.spin_push_one(at, cpu, generation);
         }
         Wake { armed: false }.await;
     }
@@ -181,6 +181,22 @@ impl Sim {
     /// iteration boundary at or after the next queued event: the same
     /// iteration times, counts and interrupt points, far fewer events.
     pub async fn spin_until(&self, cpu: CpuId, what: &str, cond: impl Fn(&World) -> bool) {
+        self.spin_until_watching(cpu, what, Watch::Any, cond).await
+    }
+
+    /// [`Sim::spin_until`] for a condition that reads nothing but `watch`
+    /// (a lock, a pmap's lock, or state a protocol names with
+    /// [`Sim::new_watch`] and [`Sim::touch`]es whenever it changes it): its
+    /// wake-ups re-check it only after `watch` was touched, and while
+    /// nothing it reads changes the spinner costs no work at all. Every
+    /// iteration time, count and result is that of `spin_until`.
+    pub async fn spin_until_watching(
+        &self,
+        cpu: CpuId,
+        what: &str,
+        watch: Watch,
+        cond: impl Fn(&World) -> bool,
+    ) {
         let (step, bound) = {
             let w = self.w();
             (w.cfg.costs.spin_iteration_cycles.max(1), w.cfg.spin_bound)
@@ -209,7 +225,19 @@ impl Sim {
                 std::future::pending::<()>().await;
                 return;
             };
-            self.w().spinners[cpu.index()] = Some((wake, since, step));
+            {
+                let mut w = self.w();
+                w.spinning += 1;
+                w.spinners[cpu.index()] = Some(Spinner {
+                    since,
+                    step,
+                    bound_at: since + Cycles((bound + 1) * step),
+                    watch,
+                    dirty: false,
+                    run: u32::MAX,
+                });
+                w.watch_list(cpu, watch);
+            }
             {
                 let c: &(dyn Fn(&World) -> bool + '_) = &cond;
                 // SAFETY: only the lifetime is erased. `cond` lives in this
@@ -224,7 +252,11 @@ impl Sim {
             }
             self.spin_sleep_until(cpu, wake).await;
             self.0.spin_conds.borrow_mut()[cpu.index()] = None;
-            self.w().spinners[cpu.index()] = None;
+            {
+                let mut w = self.w();
+                w.spinners[cpu.index()] = None;
+                w.spinning -= 1;
+            }
             if self.w().cpus[cpu.index()].takeable().is_some() {
                 // The handler changes kernel state outside any event the
                 // other spinners foresaw (spinner wake-ups are not kernel
@@ -262,12 +294,16 @@ impl Sim {
                 assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
                 if p.lock.is_none() {
                     p.lock = Some(cpu);
+                    w.touch(Watch::Pmap(pmap));
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("pmap {} lock", pmap.0), |w| {
-                w.pmaps[pmap.0 as usize].lock.is_none()
-            })
+            self.spin_until_watching(
+                cpu,
+                &format!("pmap {} lock", pmap.0),
+                Watch::Pmap(pmap),
+                |w| w.pmaps[pmap.0 as usize].lock.is_none(),
+            )
             .await;
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
@@ -286,6 +322,7 @@ impl Sim {
             assert_ne!(p.lock, Some(cpu), "{cpu} relocks pmap {}", pmap.0);
             if p.lock.is_none() {
                 p.lock = Some(cpu);
+                w.touch(Watch::Pmap(pmap));
                 true
             } else {
                 false
@@ -310,9 +347,23 @@ impl Sim {
                 pmap.0
             );
             p.lock = None;
+            w.touch(Watch::Pmap(pmap));
         }
         self.lock_released(cpu, crate::lockorder::LockRef::Pmap(pmap));
         self.delay(cpu, Cycles(c)).await;
+    }
+
+    /// A key for state a protocol's spin conditions read (see
+    /// [`Sim::spin_until_watching`]).
+    pub fn new_watch(&self) -> Watch {
+        let mut w = self.w();
+        w.next_watch += 1;
+        Watch::Key(w.next_watch - 1)
+    }
+
+    /// The state `watch` names changed (call it before the next await).
+    pub fn touch(&self, watch: Watch) {
+        self.w().touch(watch);
     }
 
     /// Allocates a named spin lock for a protocol.
@@ -329,11 +380,14 @@ impl Sim {
                 let mut w = self.w();
                 if w.locks[lock].is_none() {
                     w.locks[lock] = Some(cpu);
+                    w.touch(Watch::Lock(lock));
                     break;
                 }
             }
-            self.spin_until(cpu, &format!("lock {lock}"), |w| w.locks[lock].is_none())
-                .await;
+            self.spin_until_watching(cpu, &format!("lock {lock}"), Watch::Lock(lock), |w| {
+                w.locks[lock].is_none()
+            })
+            .await;
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Named(lock), order);
         let c = self.costs().lock_cycles;
@@ -350,6 +404,7 @@ impl Sim {
             assert_ne!(w.locks[lock], Some(cpu), "{cpu} relocks lock {lock}");
             if w.locks[lock].is_none() {
                 w.locks[lock] = Some(cpu);
+                w.touch(Watch::Lock(lock));
                 true
             } else {
                 false
@@ -372,6 +427,7 @@ impl Sim {
                 "{cpu} unlocks lock {lock} it does not hold"
             );
             w.locks[lock] = None;
+            w.touch(Watch::Lock(lock));
         }
         self.lock_released(cpu, crate::lockorder::LockRef::Named(lock));
         let c = self.costs().unlock_cycles;
@@ -453,6 +509,27 @@ impl Sim {
         let mut w = self.w();
         let at = w.now() + after;
         w.queue.push(at, Event::Irq { cpu: target, irq });
+    }
+
+    /// The idle loop's wait for its next poll: `idle_wait`, during whose
+    /// sleep a poll that would find nothing is done by the event loop
+    /// (`Sim::idle_recheck`).
+    pub(crate) async fn idle_poll(&self, cpu: CpuId, c: Cycles) {
+        {
+            let mut w = self.w();
+            w.cpus[cpu.index()].idle_waiting = true;
+            w.idle_polls[cpu.index()] = Some(c);
+        }
+        let at = self.now() + c;
+        self.sleep_until(cpu, at).await;
+        {
+            let mut w = self.w();
+            w.cpus[cpu.index()].idle_waiting = false;
+            w.idle_polls[cpu.index()] = None;
+        }
+        if self.w().cpus[cpu.index()].takeable().is_some() {
+            self.take_interrupts(cpu).await;
+        }
     }
 
     /// The idle loop's wait: cut short by any interrupt.

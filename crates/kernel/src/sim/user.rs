@@ -70,7 +70,7 @@ impl Sim {
             };
             if next > max
                 || w.queue.peek_time().is_some_and(|k| k <= next)
-                || w.spin_wakes.peek_time().is_some_and(|s| s <= next)
+                || w.spin_peek().is_some_and(|s| s <= next)
             {
                 return;
             }
