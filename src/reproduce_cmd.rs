@@ -57,7 +57,12 @@ pub struct Args {
 
 /// The papers whose sweeps are sweep files (experiments/PAPER/*.sweep.toml),
 /// run by the backend; the others run their sweeps in this process.
-const SWEEP_FILE_PAPERS: [Paper; 3] = [Paper::Black89, Paper::Balan92, Paper::Romanescu10];
+const SWEEP_FILE_PAPERS: [Paper; 4] = [
+    Paper::Black89,
+    Paper::Balan92,
+    Paper::Romanescu10,
+    Paper::Fleisch89,
+];
 
 fn provenance() -> mmulab_report::Provenance {
     mmulab_report::Provenance {
@@ -123,7 +128,7 @@ fn run_one(
             Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
             Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, backend, &progress)?,
             Paper::Fleisch89 => {
-                let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
+                let t = r::fleisch89::reproduce(src, quick, out, backend, &progress)?;
                 epilogue = mmulab_mirage::cli::reproduce_epilogue();
                 t
             }

@@ -398,7 +398,7 @@ fn status(dir: &OutDir, json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         let v = serde_json::json!({
             "dir": dir.path.display().to_string(),
-            "kind": match m.kind { Kind::Run => "run", Kind::Check => "check" },
+            "kind": m.kind.name(),
             "base": m.base.as_ref().map(|b| b.origin.clone()),
             "points": m.points.len(),
             "seeds": m.seeds.count,
@@ -418,11 +418,12 @@ fn status(dir: &OutDir, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let kind = match m.kind {
-        Kind::Run => format!(
-            "run sweep of {}",
+        Kind::Check => "check sweep".to_string(),
+        k => format!(
+            "{} sweep of {}",
+            k.name(),
             m.base.as_ref().map_or("?", |b| b.origin.as_str())
         ),
-        Kind::Check => "check sweep".to_string(),
     };
     println!(
         "{}: {kind}, {} points x {} seeds = {} tasks in {} shard(s); mmulab {} {}",

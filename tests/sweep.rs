@@ -659,3 +659,142 @@ fn sweep_status_and_merge_print_json() {
     assert_eq!(m["summary_rows"], run["summary_rows"], "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `file` (a reproduction's sweep file, `--quick`) on one thread, on
+/// two, and as two shards merged, and checks the three give the same
+/// bytes; returns the one-thread folder.
+fn three_ways_alike(t: &Path, file: &str) -> PathBuf {
+    let one = t.join("jobs1");
+    let two = t.join("jobs2");
+    let shards = t.join("shards");
+    for (out, jobs) in [(&one, "1"), (&two, "2")] {
+        let o = sweep(&[
+            file,
+            "--quick",
+            "--out",
+            out.to_str().unwrap(),
+            "--jobs",
+            jobs,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    for shard in ["1/2", "0/2"] {
+        let o = sweep(&[
+            file,
+            "--quick",
+            "--out",
+            shards.to_str().unwrap(),
+            "--shard",
+            shard,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = sweep(&["merge", shards.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_same(&one, &two);
+    assert_same(&one, &shards);
+    one
+}
+
+/// fleisch89 Fig. 8's sweep file runs on the Mirage simulator
+/// (`kind = "mirage-read-writers"`) alike on one thread, two and two
+/// shards, and its throughputs are the reproduction's Fig. 8 rows; its
+/// bad keys and values exit 2, naming them, before any task runs.
+#[test]
+fn fleisch89s_fig8_sweep_file_runs_alike_and_gives_the_reproductions_rates() {
+    let t = tmp("fleisch89-fig8");
+    let file = "experiments/fleisch89/fig8.sweep.toml";
+    let one = three_ways_alike(&t, file);
+    let results = read(&one.join("results.csv"));
+    let mut r = csv::Reader::from_reader(results.as_bytes());
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        ["delta_ticks", "seed", "metric", "value", "unit", "oracle"]
+    );
+    assert!(
+        r.records().all(|x| &x.unwrap()[5] == "consistent"),
+        "{results}"
+    );
+    let o = mmulab(&["reproduce", "fleisch89", "--quick", "--json"]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let deltas = [1u32, 10, 60, 120, 240, 480, 600, 720, 1200];
+    for d in deltas {
+        let ds = d.to_string();
+        let v = metric(&results, "read_write_instr_per_s", &[("delta_ticks", &ds)]);
+        assert_eq!(v.len(), 1, "Δ={d}: one seed under --quick: {v:?}");
+        let by_hand: f64 = v[0].parse().unwrap();
+        let shown = row(
+            &rep,
+            "Fig. 8",
+            "throughput",
+            serde_json::json!({ "delta_ticks": d }),
+        );
+        // The same run's number; serde_json's parser may land one ulp off
+        // the shortest text the report printed.
+        assert!(
+            (by_hand - shown).abs() <= 2.0 * f64::EPSILON * shown.abs(),
+            "Δ={d}: sweep {by_hand}, reproduction {shown}"
+        );
+        assert_eq!(
+            metric(&results, "simulated_s", &[("delta_ticks", &ds)]).len(),
+            1
+        );
+    }
+    let o = sweep(&["status", one.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["kind"], "mirage-read-writers", "{st}");
+    assert_eq!(st["tasks"], deltas.len(), "{st}");
+
+    // Bad keys and values, named before any task runs.
+    let shipped = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(file));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("experiments/fleisch89/paper-data/fig8.toml")
+        .display()
+        .to_string();
+    let shipped = shipped.replace("paper-data/fig8.toml", &base);
+    let out = t.join("bad-out");
+    for (text_of, named) in [
+        (
+            shipped.replace("delta_ticks = [1, 2,", "deltas = [1, 2,"),
+            "point 0 (deltas=1): ",
+        ),
+        (
+            shipped.replace("delta_ticks = [1, 2,", "delta_ticks = [-1, 2,"),
+            "key `delta_ticks`: expected a whole number of ticks",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nloop_s = [5000.0]"),
+            "key `loop_s`: must be at most 3600",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\npreset = [\"vax\"]"),
+            "key `preset`: unknown preset",
+        ),
+        (
+            shipped.replace("count = 3 }", "count = 100000 }"),
+            "simulated operations (14 points x 100000 seeds",
+        ),
+        (
+            // Without its kind, the base is read as a `mmulab run` spec.
+            shipped.replace("kind = \"mirage-read-writers\"\n", ""),
+            "point 0 (delta_ticks=1): preset: unknown preset `vax-locus-1989`",
+        ),
+    ] {
+        let s = write_sweep(&t, &text_of);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}

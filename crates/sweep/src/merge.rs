@@ -51,6 +51,12 @@ pub fn replay(m: &Manifest, dir: &OutDir, task: usize) -> String {
             s.push_str(&format!(" --set seed={} --set runs=1", t.seed));
             s
         }
+        Kind::MirageReadWriters => format!(
+            "mmulab sweep {} --out DIR (a sweep of this point alone: {}, seeds = {{ start = {}, count = 1 }})",
+            dir.path.join("sweep.toml").display(),
+            p.set.join(", "),
+            t.seed
+        ),
         Kind::Check => format!(
             "mmulab check --protocol {} --start {} --seeds 1",
             p.values.get("protocol").map_or("?", String::as_str),
