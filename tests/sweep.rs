@@ -798,3 +798,105 @@ fn fleisch89s_fig8_sweep_file_runs_alike_and_gives_the_reproductions_rates() {
     }
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// uhlig94's systems sweep file runs trap-driven passes of the
+/// software-TLB simulator (`kind = "swtlb-trap"`) alike on one thread,
+/// two and two shards; Table II's ratios are its TLB seconds summed over
+/// the stand-ins; its bad keys and values exit 2, naming them, before any
+/// task runs.
+#[test]
+fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
+    let t = tmp("uhlig94-systems");
+    let file = "experiments/uhlig94/systems.sweep.toml";
+    let one = three_ways_alike(&t, file);
+    let results = read(&one.join("results.csv"));
+    let mut r = csv::Reader::from_reader(results.as_bytes());
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        [
+            "os", "workload", "seed", "metric", "value", "unit", "oracle"
+        ]
+    );
+    // The software-TLB simulator checks no translations: `none`, never a
+    // claim of consistency.
+    assert!(r.records().all(|x| &x.unwrap()[6] == "none"), "{results}");
+    let o = mmulab(&["reproduce", "uhlig94", "--quick", "--json"]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let suite = [
+        "compress",
+        "IOzone",
+        "jpeg_play",
+        "mab",
+        "mpeg_play",
+        "ousterhout",
+        "video_play",
+    ];
+    let seconds = |os: &str| -> f64 {
+        suite.iter().fold(0.0, |s, w| {
+            let v = metric(&results, "tlb_seconds", &[("os", os), ("workload", w)]);
+            assert_eq!(v.len(), 1, "{os} {w}: one seed under --quick: {v:?}");
+            s + v[0].parse::<f64>().unwrap()
+        })
+    };
+    let ultrix = seconds("ultrix");
+    for (key, name) in [
+        ("osf1", "OSF/1"),
+        ("mach3", "Mach3"),
+        ("afsin", "Mach3+AFSin"),
+        ("afsout", "Mach3+AFSout"),
+    ] {
+        let by_hand = seconds(key) / ultrix;
+        let shown = row(
+            &rep,
+            "Table II",
+            "time ratio to Ultrix",
+            serde_json::json!({ "os": name, "workload": "all seven (stand-ins)" }),
+        );
+        assert!(
+            (by_hand - shown).abs() <= 4.0 * f64::EPSILON * shown.abs(),
+            "{name}: sweep {by_hand}, reproduction {shown}"
+        );
+    }
+
+    let shipped = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(file));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("experiments/uhlig94/paper-data/shape.toml")
+        .display()
+        .to_string();
+    let shipped = shipped.replace("paper-data/shape.toml", &base);
+    let out = t.join("bad-out");
+    for (text_of, named) in [
+        (
+            shipped.replace("os = [\"ultrix\",", "os = [\"vms\","),
+            "point 0 (os=\"vms\", workload=\"compress\"): os: unknown OS `vms`",
+        ),
+        (
+            shipped.replace("\"IOzone\"", "\"iozone\""),
+            "workload: no stand-in `iozone`",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nslots = [128]"),
+            "slots: not a key of a trap-driven pass",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nlower = [[8, 64]]"),
+            "lower: expected distinct partition points in 0..64",
+        ),
+    ] {
+        let s = write_sweep(&t, &text_of);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}

@@ -71,6 +71,13 @@ pub enum Kind {
     /// start phases.
     #[serde(rename = "mirage-read-writers")]
     MirageReadWriters,
+    /// One trap-driven pass of uhlig94's software-managed TLB simulator
+    /// (`crate::reproduce::uhlig94::TrapRun`): the base is
+    /// `uhlig94/paper-data/shape.toml` (OS models, stand-ins), a point
+    /// sets `os` and `workload` and may set `lower` (the pass's partition
+    /// points); the seed draws the stand-in's references.
+    #[serde(rename = "swtlb-trap")]
+    SwtlbTrap,
 }
 
 impl Kind {
@@ -80,6 +87,7 @@ impl Kind {
             Kind::Run => "run",
             Kind::Check => "check",
             Kind::MirageReadWriters => "mirage-read-writers",
+            Kind::SwtlbTrap => "swtlb-trap",
         }
     }
 
@@ -159,6 +167,9 @@ pub struct Point {
     /// The validated run (`mirage-read-writers` sweeps; `None` for the
     /// other kinds).
     pub read_writers: Option<mmulab_mirage::spec::ReadWritersRun>,
+    /// The validated pass (`swtlb-trap` sweeps; `None` for the other
+    /// kinds).
+    pub trap: Option<crate::reproduce::uhlig94::TrapRun>,
 }
 
 impl Point {
@@ -447,6 +458,11 @@ impl Sweep {
                     "{origin}: base: missing (a Fig. 8 spec, such as \"fleisch89/paper-data/fig8.toml\")"
                 )));
             }
+            (Kind::SwtlbTrap, None) => {
+                return Err(invalid(format!(
+                    "{origin}: base: missing (uhlig94's stand-ins and OS models, \"uhlig94/paper-data/shape.toml\")"
+                )));
+            }
             (_, Some(b)) => Some(read_base(&b)?),
         };
 
@@ -457,8 +473,20 @@ impl Sweep {
                 values: v,
                 spec: None,
                 read_writers: None,
+                trap: None,
             };
             match (&base, kind) {
+                (Some(b), Kind::SwtlbTrap) => {
+                    let run =
+                        crate::reproduce::uhlig94::TrapRun::of(&b.origin, &b.text, &point.values)
+                            .map_err(|e| {
+                            invalid(format!(
+                                "{origin}: point {i} ({}): {e}",
+                                point.sets().join(", ")
+                            ))
+                        })?;
+                    point.trap = Some(run);
+                }
                 (Some(b), Kind::MirageReadWriters) => {
                     let run =
                         mmulab_mirage::spec::ReadWritersRun::of(&b.origin, &b.text, &point.values)
@@ -525,7 +553,7 @@ impl Sweep {
             }
         }
         let chunk = chunk.unwrap_or(match kind {
-            Kind::Run | Kind::MirageReadWriters => seeds.count,
+            Kind::Run | Kind::MirageReadWriters | Kind::SwtlbTrap => seeds.count,
             Kind::Check => CHECK_CHUNK,
         });
         let mut sweep = Sweep {
@@ -770,6 +798,14 @@ pub fn raw_of(sweep: &Sweep, task: Task) -> Result<Raw, String> {
                 .map(|r| raw_of_read_writers(task.seed, &r))
                 .map_err(|e| format!("task {}: {e}", task.id()))
         }
+        Kind::SwtlbTrap => {
+            let run = sweep.points[task.point]
+                .trap
+                .as_ref()
+                .expect("swtlb-trap sweeps validate a pass for every point");
+            run.run(task.seed)
+                .map_err(|e| format!("task {}: {e}", task.id()))
+        }
         Kind::Check => Err(format!(
             "task {}: a check sweep's tasks have no raw outcome",
             task.id()
@@ -998,7 +1034,12 @@ mod tests {
 
     #[test]
     fn kinds_are_named_as_sweep_files_write_them() {
-        for k in [Kind::Run, Kind::Check, Kind::MirageReadWriters] {
+        for k in [
+            Kind::Run,
+            Kind::Check,
+            Kind::MirageReadWriters,
+            Kind::SwtlbTrap,
+        ] {
             assert_eq!(
                 serde_json::to_string(&k).unwrap(),
                 format!("\"{}\"", k.name())
@@ -1038,6 +1079,41 @@ mod tests {
         );
         let e = err("kind = \"mirage-read-writers\"\nseeds = { start = 0, count = 1 }\n");
         assert!(e.contains("base: missing"), "{e}");
+    }
+
+    #[test]
+    fn swtlb_trap_sweeps_validate_a_pass_per_point() {
+        let head = "kind = \"swtlb-trap\"\nbase = \"uhlig94/paper-data/shape.toml\"\nseeds = { start = 1, count = 1 }\n[grid]\n";
+        let s = parse(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"IOzone\"]\nlower = [[4, 8]]\n"
+        ))
+        .unwrap();
+        assert_eq!(s.columns, ["lower", "os", "workload"]);
+        let raw = raw_of(&s, s.task(0)).unwrap();
+        // One pass, two partition points: each its own metrics.
+        for p in ["lower4.", "lower8."] {
+            assert!(
+                raw.figures.contains_key(&format!("{p}tlb_seconds")),
+                "{raw:?}"
+            );
+            assert!(
+                raw.counters.0.contains_key(&format!("{p}misses.L1U")),
+                "{raw:?}"
+            );
+        }
+        assert_eq!(raw.verdict, "none");
+        let e = err(&format!("{head}os = [\"mach3\"]\n"));
+        assert!(
+            e.contains("point 0 (os=\"mach3\"): workload: missing"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"mab\"]\nlower = [-1]\n"
+        ));
+        assert!(
+            e.contains("lower: expected distinct partition points"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -570,10 +570,185 @@ impl PaperNumbers {
     }
 }
 
+/// The sweep file of Tables II, V and VI's runs: the seven stand-ins on
+/// the five OS models, each a trap-driven pass of the R2000 as the systems
+/// use it, three seeds (`kind = "swtlb-trap"`, base `paper-data/shape.toml`).
+pub const SYSTEMS: &str = "uhlig94/systems.sweep.toml";
+
+/// One trap-driven pass of `mmulab-swtlb` (the Tapeworm way: one pass
+/// over a stand-in's references, every TLB configuration of the pass at
+/// once): a task of a uhlig94 sweep file (`kind = "swtlb-trap"`). Its base
+/// is `uhlig94/paper-data/shape.toml`, which gives the OS models'
+/// parameters, the stand-ins and the real TLB's slots; a point sets `os`
+/// and `workload`, and may set `lower`, the partition points of the pass
+/// (one setup each, as the R2000 has it otherwise: 64 slots, placement A;
+/// default 8).
+#[derive(Clone, Debug)]
+pub struct TrapRun {
+    pub os: OsKind,
+    params: OsParams,
+    workload: Workload,
+    real_slots: usize,
+    setups: Vec<TlbSetup>,
+    /// Each setup's metric prefix: empty for the one default setup,
+    /// `lower{L}.` when the point sets `lower`.
+    prefixes: Vec<String>,
+}
+
+impl TrapRun {
+    /// The keys a sweep point may set.
+    pub const KEYS: [&'static str; 3] = ["lower", "os", "workload"];
+
+    /// The pass of `base` (shape.toml's text; `origin` names it) with a
+    /// point's `values`. Errors name the key.
+    pub fn of(
+        origin: &str,
+        base: &str,
+        values: &BTreeMap<String, toml::Value>,
+    ) -> Result<TrapRun, SpecError> {
+        let shape = Shape::parse(base, origin, false)?;
+        let key = |k: &str| -> Result<&str, SpecError> {
+            values
+                .get(k)
+                .ok_or_else(|| {
+                    invalid(format!("{k}: missing (the sweep's grid or points set it)"))
+                })?
+                .as_str()
+                .ok_or_else(|| invalid(format!("{k}: expected a string")))
+        };
+        if let Some(k) = values.keys().find(|k| !Self::KEYS.contains(&k.as_str())) {
+            return Err(invalid(format!(
+                "{k}: not a key of a trap-driven pass (its keys: {})",
+                Self::KEYS.join(", ")
+            )));
+        }
+        let os_key = key("os")?;
+        let os = OsKind::from_key(os_key).ok_or_else(|| {
+            invalid(format!(
+                "os: unknown OS `{os_key}` (ultrix, osf1, mach3, afsin, afsout)"
+            ))
+        })?;
+        let w = key("workload")?;
+        let workload = shape.workloads.get(w).cloned().ok_or_else(|| {
+            invalid(format!(
+                "workload: no stand-in `{w}` in the base (it has: {})",
+                shape
+                    .workloads
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let (setups, prefixes) = match values.get("lower") {
+            None => (vec![TlbSetup::default()], vec![String::new()]),
+            Some(v) => {
+                let list: Vec<toml::Value> = match v {
+                    toml::Value::Array(a) => a.clone(),
+                    v => vec![v.clone()],
+                };
+                let mut lowers = Vec::new();
+                for x in &list {
+                    match x.as_integer() {
+                        Some(l) if (0..64).contains(&l) && !lowers.contains(&(l as usize)) => {
+                            lowers.push(l as usize)
+                        }
+                        _ => {
+                            return Err(invalid(format!(
+                                "lower: expected distinct partition points in 0..64 (or one), got {v}"
+                            )));
+                        }
+                    }
+                }
+                if lowers.is_empty() {
+                    return Err(invalid("lower: an empty list"));
+                }
+                (
+                    lowers.iter().map(|&l| setup_at(l, Placement::A)).collect(),
+                    lowers.iter().map(|l| format!("lower{l}.")).collect(),
+                )
+            }
+        };
+        for (s, l) in setups.iter().zip(&prefixes) {
+            s.validate(&format!("lower {l}"))
+                .map_err(|e| invalid(format!("lower: {e}")))?;
+        }
+        Ok(TrapRun {
+            os,
+            params: shape.os[os.key()].clone(),
+            workload,
+            real_slots: shape.real_slots,
+            setups,
+            prefixes,
+        })
+    }
+
+    /// Runs the pass with `seed` (the stand-in's references and the OS
+    /// model's draws). Its raw outcome: each setup's misses by type as
+    /// counters (`misses.L1U`, ...), and as figures its fn. 8 counting
+    /// cycles (`extra_cycles`) and its seconds of miss handling under
+    /// the OS's Table III column (`tlb_seconds`).
+    pub fn run(&self, seed: u64) -> Result<crate::sweep::Raw, String> {
+        let ev = self.workload.generate(seed);
+        let stream = OsModel::new(self.os, self.params.clone(), seed).expand(&ev);
+        let costs = CostPreset::decstation3100_1994(self.os.cost_column());
+        let (outs, _) = simulate_trap(
+            &stream,
+            self.os,
+            &self.setups,
+            &costs,
+            seed,
+            self.real_slots,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut counters = mmulab_engine::Counters::default();
+        let mut figures = BTreeMap::new();
+        for (o, p) in outs.iter().zip(&self.prefixes) {
+            for t in MissType::ALL {
+                counters.add(&format!("{p}misses.{}", t.name()), o.count(t));
+            }
+            figures.insert(format!("{p}extra_cycles"), o.extra_cycles);
+            figures.insert(format!("{p}tlb_seconds"), o.seconds(&costs));
+        }
+        Ok(crate::sweep::Raw {
+            seed,
+            end_cycles: 0,
+            timed_out: false,
+            violations: 0,
+            counters,
+            samples: BTreeMap::new(),
+            figures,
+            // No translation oracle here: the passes count misses (the
+            // sweep's oracle column says `none`).
+            verdict: "none".into(),
+        })
+    }
+}
+
+/// The outcome of a [`TrapRun`] setup (`prefix`) read back from its raw
+/// outcome: the same counts and counting cycles, so the same bits.
+fn outcome_of(raw: &crate::sweep::Raw, prefix: &str) -> Result<Outcome, SpecError> {
+    let mut o = Outcome::default();
+    for t in MissType::ALL {
+        o.counts[t.index()] = raw.counters.get(&format!("{prefix}misses.{}", t.name()));
+    }
+    o.extra_cycles = *raw
+        .figures
+        .get(&format!("{prefix}extra_cycles"))
+        .ok_or_else(|| {
+            invalid(format!(
+                "seed {}: no {prefix}extra_cycles in the raw outcome",
+                raw.seed
+            ))
+        })?;
+    Ok(o)
+}
+
 /// The simulated rows' inputs.
 struct Shape {
     seeds: Vec<u64>,
     real_slots: usize,
+    quick_scale: f64,
     os: BTreeMap<&'static str, OsParams>,
     workloads: BTreeMap<String, Workload>,
     dynamic: DynamicPartition,
@@ -610,7 +785,18 @@ fn from_toml<T: serde::de::DeserializeOwned>(v: toml::Value, what: &str) -> Resu
 impl Shape {
     fn load(src: &Experiments, rel: &str, quick: bool) -> Result<Shape, SpecError> {
         let origin = src.origin(rel);
-        let mut doc = load_toml(src, rel)?;
+        let text = src
+            .read(rel)
+            .map_err(|e| SpecError::Invalid(e.to_string()))?;
+        Shape::parse(&text, &origin, quick)
+    }
+
+    /// shape.toml's text; `origin` names it in errors.
+    fn parse(text: &str, origin: &str, quick: bool) -> Result<Shape, SpecError> {
+        let origin = origin.to_string();
+        let mut doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
         let known = [
             "seeds",
             "real_slots",
@@ -642,7 +828,8 @@ impl Shape {
             seeds.truncate(1);
         }
         let real_slots = top.num("real_slots")? as usize;
-        let scale = if quick { top.num("quick_scale")? } else { 1.0 };
+        let quick_scale = top.num("quick_scale")?;
+        let scale = if quick { quick_scale } else { 1.0 };
         if !(scale > 0.0 && scale <= 1.0) {
             return Err(invalid(format!("{origin}: quick_scale: must be in (0, 1]")));
         }
@@ -750,6 +937,7 @@ impl Shape {
         Ok(Shape {
             seeds,
             real_slots,
+            quick_scale,
             os,
             workloads,
             dynamic,
@@ -1275,16 +1463,45 @@ pub fn presets() -> Vec<(String, String, String)> {
     )]
 }
 
+/// Checks that the systems sweep runs shape.toml's stand-ins and seeds:
+/// its rows sit beside the other stages', which take theirs from there.
+fn check_systems_sweep(sweep: &crate::sweep::Sweep, shape: &Shape) -> Result<(), SpecError> {
+    let want_seeds =
+        (shape.seeds[0]..shape.seeds[0] + shape.seeds.len() as u64).collect::<Vec<_>>();
+    let seeds: Vec<u64> = (sweep.seeds.start..sweep.seeds.start + sweep.seeds.count).collect();
+    if sweep.kind != crate::sweep::Kind::SwtlbTrap
+        || sweep.columns != ["os", "workload"]
+        || seeds != shape.seeds
+        || shape.seeds != want_seeds
+    {
+        return Err(invalid(format!(
+            "{SYSTEMS}: Tables II, V and VI's sweep runs `kind = \"swtlb-trap\"` over `os` and `workload` with shape.toml's seeds ({:?}); this one is `{}` over {:?} with seeds {seeds:?}",
+            shape.seeds,
+            sweep.kind.name(),
+            sweep.columns
+        )));
+    }
+    if shape.quick_scale != 1.0 {
+        return Err(invalid(format!(
+            "{SYSTEMS}: shape.toml's quick_scale is {} but the sweep's passes run the stand-ins unscaled; keep quick_scale = 1.0",
+            shape.quick_scale
+        )));
+    }
+    Ok(())
+}
+
 pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn super::Backend,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
     progress("Tables II, V, VI, VII and §4.2 from the paper's published counts and costs");
     exact_rows(src, TABLES, &mut table)?;
     let shape = Shape::load(src, SHAPE, quick)?;
+    check_systems_sweep(&super::load_sweep(src, SYSTEMS, quick)?, &shape)?;
     table.calibration.extend(shape.calibration.clone());
     table.seeds(shape.seeds[0], shape.seeds.len() as u64);
     let paper = PaperNumbers::load(src, TABLES)?;
@@ -1296,11 +1513,28 @@ pub fn reproduce(
     let mut plots: Vec<(&str, LinePlot)> = Vec::new();
 
     progress("Tables II, V, VI in shape: the seven stand-ins on five OS models");
+    // experiments/uhlig94/systems.sweep.toml, through the sweep engine.
+    let systems = super::run_sweep(src, SYSTEMS, quick, backend)?;
     let mut per_os = Vec::new();
     for os in OsKind::ALL {
-        let a = shape
-            .run(os, &suite, &[TlbSetup::default()], &shape.costs(os))?
-            .remove(0);
+        // Workloads outer, seeds inner, as `Shape::run` orders its jobs.
+        let mut results: Vec<Vec<Outcome>> = Vec::new();
+        for w in &suite {
+            let at = [
+                ("os", toml::Value::from(os.key())),
+                ("workload", toml::Value::from(*w)),
+            ];
+            let i = systems.point(&at).ok_or_else(|| {
+                invalid(format!(
+                    "{SYSTEMS}: no point os = {}, workload = {w}",
+                    os.key()
+                ))
+            })?;
+            for raw in systems.of_point(i) {
+                results.push(vec![outcome_of(raw, "")?]);
+            }
+        }
+        let a = aggregate(&results, 1, shape.seeds.len(), &shape.costs(os)).remove(0);
         per_os.push(a);
     }
     // The same stand-ins on the R2000 itself (mmulab_swtlb::r2000: 8 wired slots, fills at
@@ -2824,7 +3058,8 @@ mod tests {
             .replace("rounds = 300", "rounds = 20")
             .replace("enabled = true", "enabled = false");
         std::fs::write(d.join("shape.toml"), shape).unwrap();
-        let t = reproduce(&edited(&d), true, Some(&out), &|_| {}).unwrap();
+        std::fs::copy(dir().join("../systems.sweep.toml"), root(&d).join(SYSTEMS)).unwrap();
+        let t = reproduce(&edited(&d), true, Some(&out), &super::super::Local, &|_| {}).unwrap();
         assert!(t.rows.len() > 150, "{} rows", t.rows.len());
         for r in &t.rows {
             if r.basis == Basis::Arithmetic && r.kind == RowKind::Numeric {
@@ -2881,9 +3116,13 @@ mod tests {
         let out = std::env::var("UHLIG94_OUT")
             .ok()
             .map(std::path::PathBuf::from);
-        let t = reproduce(&Experiments::Embedded, quick, out.as_deref(), &|s| {
-            eprintln!("{s}")
-        })
+        let t = reproduce(
+            &Experiments::Embedded,
+            quick,
+            out.as_deref(),
+            &super::super::Local,
+            &|s| eprintln!("{s}"),
+        )
         .unwrap();
         for r in &t.rows {
             println!("{r:?}");
