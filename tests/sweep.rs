@@ -900,3 +900,24 @@ fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
     }
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// uhlig94's partition sweep files (Figs. 5 and 7: one trap-driven pass
+/// over a list of partition points per task) run alike on one thread, two
+/// and two shards, with each setup's metrics under its partition point.
+#[test]
+fn uhlig94s_partition_sweep_files_run_alike() {
+    for (name, tasks, lowers) in [("fig5", 3, 13), ("fig7", 6, 14)] {
+        let t = tmp(&format!("uhlig94-{name}"));
+        let file = format!("experiments/uhlig94/{name}.sweep.toml");
+        let one = three_ways_alike(&t, &file);
+        let results = read(&one.join("results.csv"));
+        let rows = metric(&results, "lower8.tlb_seconds", &[]);
+        assert_eq!(rows.len(), tasks, "{name}: {results}");
+        let per_task = metric(&results, "misses.L2", &[]).len()
+            + (4..=30)
+                .filter(|l| !metric(&results, &format!("lower{l}.misses.L2"), &[]).is_empty())
+                .count();
+        assert_eq!(per_task, lowers, "{name}: a setup per partition point");
+        let _ = std::fs::remove_dir_all(&t);
+    }
+}

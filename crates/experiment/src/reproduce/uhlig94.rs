@@ -1463,19 +1463,111 @@ pub fn presets() -> Vec<(String, String, String)> {
     )]
 }
 
-/// Checks that the systems sweep runs shape.toml's stand-ins and seeds:
-/// its rows sit beside the other stages', which take theirs from there.
-fn check_systems_sweep(sweep: &crate::sweep::Sweep, shape: &Shape) -> Result<(), SpecError> {
+/// Fig. 5's sweep file: the mab stand-in under OSF/1, Mach 3.0 and
+/// Mach3+AFSout, one pass over 4-16 lower slots each.
+pub const FIG5: &str = "uhlig94/fig5.sweep.toml";
+/// Fig. 7's sweep file: ousterhout under the three Mach systems, and
+/// compress, video_play and mpeg_play under Mach 3.0, one pass over
+/// 4-30 lower slots (even) each.
+pub const FIG7: &str = "uhlig94/fig7.sweep.toml";
+
+/// A sweep of partition passes (`lower` lists) run through the engine.
+struct Passes {
+    rel: &'static str,
+    run: super::SweepRun,
+    /// The pass's partition points (the same list at every point).
+    lowers: Vec<usize>,
+}
+
+impl Passes {
+    /// Checks the sweep file `rel` (kind, keys, seeds, one `lower` list).
+    fn check(
+        rel: &'static str,
+        sweep: &crate::sweep::Sweep,
+        shape: &Shape,
+    ) -> Result<Vec<usize>, SpecError> {
+        check_pass_sweep(rel, sweep, shape, &["lower", "os", "workload"])?;
+        let lists: Vec<&toml::Value> = sweep.points.iter().map(|p| &p.values["lower"]).collect();
+        let lowers: Option<Vec<usize>> = match lists[0] {
+            toml::Value::Array(a) => a
+                .iter()
+                .map(|v| v.as_integer().map(|l| l as usize))
+                .collect(),
+            _ => None,
+        };
+        match lowers {
+            Some(l) if lists.iter().all(|v| *v == lists[0]) => Ok(l),
+            _ => Err(invalid(format!(
+                "{rel}: `lower` is one list of partition points, the same at every point (the figure's x axis)"
+            ))),
+        }
+    }
+
+    fn run(
+        src: &Experiments,
+        rel: &'static str,
+        quick: bool,
+        backend: &dyn super::Backend,
+        shape: &Shape,
+    ) -> Result<Passes, SpecError> {
+        let run = super::run_sweep(src, rel, quick, backend)?;
+        let lowers = Passes::check(rel, &run.sweep, shape)?;
+        Ok(Passes { rel, run, lowers })
+    }
+
+    /// The setups' outcomes of `os` on `w` (one per partition point), as
+    /// `Shape::run` aggregates them.
+    fn aggs(&self, os: OsKind, w: &str, shape: &Shape) -> Result<Vec<Agg>, SpecError> {
+        let at = [
+            ("os", toml::Value::from(os.key())),
+            ("workload", toml::Value::from(w)),
+        ];
+        let i = self.run.point(&at).ok_or_else(|| {
+            invalid(format!(
+                "{}: no point os = {}, workload = {w}",
+                self.rel,
+                os.key()
+            ))
+        })?;
+        let results = self
+            .run
+            .of_point(i)
+            .iter()
+            .map(|raw| {
+                self.lowers
+                    .iter()
+                    .map(|l| outcome_of(raw, &format!("lower{l}.")))
+                    .collect::<Result<Vec<Outcome>, SpecError>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(aggregate(
+            &results,
+            self.lowers.len(),
+            shape.seeds.len(),
+            &shape.costs(os),
+        ))
+    }
+}
+
+/// Checks that a uhlig94 sweep runs shape.toml's stand-ins and seeds over
+/// `columns`: its rows sit beside the other stages', which take their
+/// seeds from there.
+fn check_pass_sweep(
+    rel: &str,
+    sweep: &crate::sweep::Sweep,
+    shape: &Shape,
+    columns: &[&str],
+) -> Result<(), SpecError> {
     let want_seeds =
         (shape.seeds[0]..shape.seeds[0] + shape.seeds.len() as u64).collect::<Vec<_>>();
     let seeds: Vec<u64> = (sweep.seeds.start..sweep.seeds.start + sweep.seeds.count).collect();
     if sweep.kind != crate::sweep::Kind::SwtlbTrap
-        || sweep.columns != ["os", "workload"]
+        || sweep.columns != columns
         || seeds != shape.seeds
         || shape.seeds != want_seeds
     {
         return Err(invalid(format!(
-            "{SYSTEMS}: Tables II, V and VI's sweep runs `kind = \"swtlb-trap\"` over `os` and `workload` with shape.toml's seeds ({:?}); this one is `{}` over {:?} with seeds {seeds:?}",
+            "{rel}: this sweep runs `kind = \"swtlb-trap\"` over {columns:?} with shape.toml's seeds ({:?}); this one is `{}` over {:?} with seeds {seeds:?}",
             shape.seeds,
             sweep.kind.name(),
             sweep.columns
@@ -1483,7 +1575,7 @@ fn check_systems_sweep(sweep: &crate::sweep::Sweep, shape: &Shape) -> Result<(),
     }
     if shape.quick_scale != 1.0 {
         return Err(invalid(format!(
-            "{SYSTEMS}: shape.toml's quick_scale is {} but the sweep's passes run the stand-ins unscaled; keep quick_scale = 1.0",
+            "{rel}: shape.toml's quick_scale is {} but the sweep's passes run the stand-ins unscaled; keep quick_scale = 1.0",
             shape.quick_scale
         )));
     }
@@ -1501,7 +1593,16 @@ pub fn reproduce(
     progress("Tables II, V, VI, VII and §4.2 from the paper's published counts and costs");
     exact_rows(src, TABLES, &mut table)?;
     let shape = Shape::load(src, SHAPE, quick)?;
-    check_systems_sweep(&super::load_sweep(src, SYSTEMS, quick)?, &shape)?;
+    // Every sweep file checked before the first stage runs.
+    check_pass_sweep(
+        SYSTEMS,
+        &super::load_sweep(src, SYSTEMS, quick)?,
+        &shape,
+        &["os", "workload"],
+    )?;
+    for rel in [FIG5, FIG7] {
+        Passes::check(rel, &super::load_sweep(src, rel, quick)?, &shape)?;
+    }
     table.calibration.extend(shape.calibration.clone());
     table.seeds(shape.seeds[0], shape.seeds.len() as u64);
     let paper = PaperNumbers::load(src, TABLES)?;
@@ -1759,8 +1860,9 @@ pub fn reproduce(
     }
 
     progress("Fig. 5: L2 miss time vs lower slots (mab stand-in)");
-    let lowers: Vec<usize> = (4..=16).collect();
-    let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, Placement::A)).collect();
+    // experiments/uhlig94/fig5.sweep.toml, through the sweep engine.
+    let fig5 = Passes::run(src, FIG5, quick, backend, &shape)?;
+    let lowers = fig5.lowers.clone();
     let knees = pk.sub("fig5_knee")?;
     let mut knee_found = Vec::new();
     let mut fig6 = None;
@@ -1770,7 +1872,7 @@ pub fn reproduce(
         "L2 time (s)",
     );
     for os in [OsKind::Osf1, OsKind::Mach3, OsKind::Mach3AfsOut] {
-        let r = shape.run(os, &["mab"], &setups, &shape.costs(os))?;
+        let r = fig5.aggs(os, "mab", &shape)?;
         let l2: Vec<f64> = r
             .iter()
             .map(|a| a.secs_by_type[MissType::L2.index()])
@@ -1835,8 +1937,9 @@ pub fn reproduce(
     }
 
     progress("Fig. 7: optimal partition points");
-    let lowers: Vec<usize> = (4..=30).step_by(2).collect();
-    let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, Placement::A)).collect();
+    // experiments/uhlig94/fig7.sweep.toml, through the sweep engine.
+    let fig7 = Passes::run(src, FIG7, quick, backend, &shape)?;
+    let lowers = fig7.lowers.clone();
     let optimum_note = |o: usize, live: usize| {
         let first = first_holding(&lowers, live);
         format!(
@@ -1856,7 +1959,7 @@ pub fn reproduce(
         "TLB time (s)",
     );
     for os in [OsKind::Mach3, OsKind::Mach3AfsIn, OsKind::Mach3AfsOut] {
-        let r = shape.run(os, &["ousterhout"], &setups, &shape.costs(os))?;
+        let r = fig7.aggs(os, "ousterhout", &shape)?;
         let t: Vec<f64> = r.iter().map(|a| a.seconds).collect();
         let o = argmin(&lowers, &t);
         opt.push(o);
@@ -1898,7 +2001,7 @@ pub fn reproduce(
         "TLB time (s)",
     );
     for w in ["compress", "video_play", "mpeg_play"] {
-        let r = shape.run(OsKind::Mach3, &[w], &setups, &shape.costs(OsKind::Mach3))?;
+        let r = fig7.aggs(OsKind::Mach3, w, &shape)?;
         let t: Vec<f64> = r.iter().map(|a| a.seconds).collect();
         let o = argmin(&lowers, &t);
         opt.push(o);
