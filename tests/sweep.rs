@@ -572,8 +572,9 @@ fn balan92s_sweep_files_run_by_hand_give_the_reproductions_numbers() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `mmulab reproduce balan92 --quick --backend slurm`: its sweep files run
-/// as job arrays, and the report is the local one (but its provenance).
+/// `mmulab reproduce balan92 --quick --backend slurm` (and fleisch89's):
+/// its sweep files run as job arrays, and the report is the local one
+/// (but its provenance).
 #[test]
 fn reproduce_through_slurm_gives_the_local_rows() {
     if let Err(why) = slurm_ready() {
@@ -620,6 +621,26 @@ fn reproduce_through_slurm_gives_the_local_rows() {
         let m = read(&f.join("manifest.json"));
         assert!(m.contains("\"slurm_jobs\""), "{m}");
     }
+    // fleisch89's Fig. 8 runs on the Mirage simulator
+    // (`kind = "mirage-read-writers"`): through Slurm too, with the local
+    // rows.
+    let run = |backend: &[&str]| -> serde_json::Value {
+        let mut a = vec!["reproduce", "fleisch89", "--quick", "--json"];
+        a.extend_from_slice(backend);
+        let o = mmulab(&a);
+        assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).expect("JSON")
+    };
+    let local = run(&[]);
+    let slurm = run(&["--backend", "slurm", "--out", d.to_str().unwrap()]);
+    for k in ["rows", "headline", "seeds", "calibration", "not_reproduced"] {
+        assert_eq!(
+            slurm[k], local[k],
+            "fleisch89: `{k}` differs between Slurm and local"
+        );
+    }
+    let f = d.join("sweeps/fleisch89/fig8-quick");
+    assert!(read(&f.join("manifest.json")).contains("\"slurm_jobs\""));
     let _ = std::fs::remove_dir_all(&d);
 }
 
