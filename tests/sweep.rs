@@ -923,10 +923,20 @@ fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
 }
 
 /// uhlig94's partition sweep files (Figs. 5 and 7: one trap-driven pass
-/// over a list of partition points per task) run alike on one thread, two
-/// and two shards, with each setup's metrics under its partition point.
+/// over a list of partition points per task; Table VIII and Fig. 8: over
+/// placements too) run alike on one thread, two and two shards, with each
+/// setup's metrics under its partition point (and placement).
 #[test]
 fn uhlig94s_partition_sweep_files_run_alike() {
+    let t = tmp("uhlig94-fig8");
+    let one = three_ways_alike(&t, "experiments/uhlig94/fig8.sweep.toml");
+    let results = read(&one.join("results.csv"));
+    for (placement, tasks) in [("A", 2), ("B", 2), ("C", 2), ("D", 1)] {
+        let v = metric(&results, &format!("lower8.{placement}.tlb_seconds"), &[]);
+        assert_eq!(v.len(), tasks, "policy {placement}: {v:?}");
+    }
+    assert_eq!(metric(&results, "lower32.C.misses.L2", &[]).len(), 1);
+    let _ = std::fs::remove_dir_all(&t);
     for (name, tasks, lowers) in [("fig5", 3, 13), ("fig7", 6, 14)] {
         let t = tmp(&format!("uhlig94-{name}"));
         let file = format!("experiments/uhlig94/{name}.sweep.toml");

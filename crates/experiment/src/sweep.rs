@@ -1102,6 +1102,32 @@ mod tests {
             );
         }
         assert_eq!(raw.verdict, "none");
+        // Partition points x placements, in that order, in one pass.
+        let s = parse(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"IOzone\"]\n[[point]]\nlower = [4, 8]\nplacement = [\"B\", \"D\"]\n"
+        ))
+        .unwrap();
+        let trap = s.points[0].trap.as_ref().unwrap();
+        assert_eq!(trap.lowers(), [4, 8]);
+        let raw = raw_of(&s, s.task(0)).unwrap();
+        let names: Vec<&String> = raw
+            .figures
+            .keys()
+            .filter(|k| k.ends_with("tlb_seconds"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "lower4.B.tlb_seconds",
+                "lower4.D.tlb_seconds",
+                "lower8.B.tlb_seconds",
+                "lower8.D.tlb_seconds"
+            ]
+        );
+        let e = err(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"mab\"]\nplacement = [[\"E\"]]\n"
+        ));
+        assert!(e.contains("placement: expected distinct policies"), "{e}");
         let e = err(&format!("{head}os = [\"mach3\"]\n"));
         assert!(
             e.contains("point 0 (os=\"mach3\"): workload: missing"),

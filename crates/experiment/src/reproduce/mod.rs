@@ -2,7 +2,8 @@
 //! `experiments/PAPER/`, where the paper's numbers sit in a `[paper]`
 //! table beside the spec, runs them, and returns the shared rows. The
 //! grids of black89 Fig. 2, balan92 Figs. 1-4, romanescu10 Figs. 7-8,
-//! fleisch89 Fig. 8 and uhlig94's Tables II/V/VI and Figs. 5 and 7 are
+//! fleisch89 Fig. 8 and uhlig94's Tables II/V/VI and VIII and Figs. 5, 7
+//! and 8 are
 //! sweep files (`experiments/PAPER/*.sweep.toml`, the format of
 //! `mmulab sweep`), whose tasks a [`Backend`] runs ([`run_sweep`]): this
 //! process's threads, or a Slurm job array:
@@ -14,7 +15,8 @@
 //!   `fig8-multiple-unmap.sweep.toml`
 //! - `fleisch89/fig8.sweep.toml` (`kind = "mirage-read-writers"`: each
 //!   task one run of the Mirage simulator, [`fleisch89`])
-//! - `uhlig94/systems.sweep.toml`, `fig5.sweep.toml`, `fig7.sweep.toml`
+//! - `uhlig94/systems.sweep.toml`, `fig5.sweep.toml`, `fig7.sweep.toml`,
+//!   `fig8.sweep.toml`
 //!   (`kind = "swtlb-trap"`: each task one trap-driven pass of the
 //!   software-TLB simulator, [`uhlig94::TrapRun`])
 //!

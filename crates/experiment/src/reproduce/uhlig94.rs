@@ -581,8 +581,9 @@ pub const SYSTEMS: &str = "uhlig94/systems.sweep.toml";
 /// is `uhlig94/paper-data/shape.toml`, which gives the OS models'
 /// parameters, the stand-ins and the real TLB's slots; a point sets `os`
 /// and `workload`, and may set `lower`, the partition points of the pass
-/// (one setup each, as the R2000 has it otherwise: 64 slots, placement A;
-/// default 8).
+/// (default 8), and `placement`, the placement policies (`A`-`D`, default
+/// A): one setup for each partition point and policy, in that order, as
+/// the R2000 has it otherwise (64 slots).
 #[derive(Clone, Debug)]
 pub struct TrapRun {
     pub os: OsKind,
@@ -597,7 +598,7 @@ pub struct TrapRun {
 
 impl TrapRun {
     /// The keys a sweep point may set.
-    pub const KEYS: [&'static str; 3] = ["lower", "os", "workload"];
+    pub const KEYS: [&'static str; 4] = ["lower", "os", "placement", "workload"];
 
     /// The pass of `base` (shape.toml's text; `origin` names it) with a
     /// point's `values`. Errors name the key.
@@ -640,35 +641,71 @@ impl TrapRun {
                     .join(", ")
             ))
         })?;
-        let (setups, prefixes) = match values.get("lower") {
-            None => (vec![TlbSetup::default()], vec![String::new()]),
-            Some(v) => {
-                let list: Vec<toml::Value> = match v {
-                    toml::Value::Array(a) => a.clone(),
-                    v => vec![v.clone()],
-                };
-                let mut lowers = Vec::new();
-                for x in &list {
-                    match x.as_integer() {
-                        Some(l) if (0..64).contains(&l) && !lowers.contains(&(l as usize)) => {
-                            lowers.push(l as usize)
-                        }
-                        _ => {
-                            return Err(invalid(format!(
-                                "lower: expected distinct partition points in 0..64 (or one), got {v}"
-                            )));
-                        }
-                    }
-                }
-                if lowers.is_empty() {
-                    return Err(invalid("lower: an empty list"));
-                }
-                (
-                    lowers.iter().map(|&l| setup_at(l, Placement::A)).collect(),
-                    lowers.iter().map(|l| format!("lower{l}.")).collect(),
-                )
+        let list = |k: &str| -> Vec<toml::Value> {
+            match values.get(k) {
+                None => Vec::new(),
+                Some(toml::Value::Array(a)) => a.clone(),
+                Some(v) => vec![v.clone()],
             }
         };
+        let mut lowers = Vec::new();
+        for x in list("lower") {
+            match x.as_integer() {
+                Some(l) if (0..64).contains(&l) && !lowers.contains(&(l as usize)) => {
+                    lowers.push(l as usize)
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "lower: expected distinct partition points in 0..64 (or one), got {}",
+                        values["lower"]
+                    )));
+                }
+            }
+        }
+        let mut placements = Vec::new();
+        for x in list("placement") {
+            match x.as_str().and_then(Placement::from_name) {
+                Some(p) if !placements.contains(&p) => placements.push(p),
+                _ => {
+                    return Err(invalid(format!(
+                        "placement: expected distinct policies of A, B, C, D (or one), got {}",
+                        values["placement"]
+                    )));
+                }
+            }
+        }
+        for (k, empty) in [
+            ("lower", lowers.is_empty()),
+            ("placement", placements.is_empty()),
+        ] {
+            if empty && values.contains_key(k) {
+                return Err(invalid(format!("{k}: an empty list")));
+            }
+        }
+        // Metric prefixes name what the point sets: `lower8.`, `B.`,
+        // `lower8.B.`; none for the one default setup.
+        let (by_lower, by_placement) = (!lowers.is_empty(), !placements.is_empty());
+        if !by_lower {
+            lowers.push(TlbSetup::default().lower);
+        }
+        if !by_placement {
+            placements.push(TlbSetup::default().placement);
+        }
+        let mut setups = Vec::new();
+        let mut prefixes = Vec::new();
+        for &l in &lowers {
+            for &p in &placements {
+                setups.push(setup_at(l, p));
+                let mut prefix = String::new();
+                if by_lower {
+                    prefix.push_str(&format!("lower{l}."));
+                }
+                if by_placement {
+                    prefix.push_str(&format!("{p:?}."));
+                }
+                prefixes.push(prefix);
+            }
+        }
         for (s, l) in setups.iter().zip(&prefixes) {
             s.validate(&format!("lower {l}"))
                 .map_err(|e| invalid(format!("lower: {e}")))?;
@@ -681,6 +718,17 @@ impl TrapRun {
             setups,
             prefixes,
         })
+    }
+
+    /// The partition points of the pass, in order.
+    pub fn lowers(&self) -> Vec<usize> {
+        let mut l: Vec<usize> = Vec::new();
+        for s in &self.setups {
+            if !l.contains(&s.lower) {
+                l.push(s.lower);
+            }
+        }
+        l
     }
 
     /// Runs the pass with `seed` (the stand-in's references and the OS
@@ -1471,6 +1519,11 @@ pub const FIG5: &str = "uhlig94/fig5.sweep.toml";
 /// 4-30 lower slots (even) each.
 pub const FIG7: &str = "uhlig94/fig7.sweep.toml";
 
+/// Table VIII and Fig. 8's sweep file: ousterhout under Mach 3.0, one pass
+/// over the four placements at 8 lower slots (Table VIII), and one pass
+/// over 4-32 lower slots (even) for each of placements A, B and C (Fig. 8).
+pub const FIG8: &str = "uhlig94/fig8.sweep.toml";
+
 /// A sweep of partition passes (`lower` lists) run through the engine.
 struct Passes {
     rel: &'static str,
@@ -1522,31 +1575,49 @@ impl Passes {
             ("os", toml::Value::from(os.key())),
             ("workload", toml::Value::from(w)),
         ];
-        let i = self.run.point(&at).ok_or_else(|| {
-            invalid(format!(
-                "{}: no point os = {}, workload = {w}",
-                self.rel,
-                os.key()
-            ))
-        })?;
-        let results = self
-            .run
-            .of_point(i)
-            .iter()
-            .map(|raw| {
-                self.lowers
-                    .iter()
-                    .map(|l| outcome_of(raw, &format!("lower{l}.")))
-                    .collect::<Result<Vec<Outcome>, SpecError>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(aggregate(
-            &results,
-            self.lowers.len(),
-            shape.seeds.len(),
-            &shape.costs(os),
-        ))
+        pass_aggs(&self.run, self.rel, &at, os, shape)
     }
+}
+
+/// The setups' outcomes of the one point of `run` at `at` (a pass under
+/// `os`), in the pass's setup order, aggregated over the seeds as
+/// `Shape::run` aggregates them.
+fn pass_aggs(
+    run: &super::SweepRun,
+    rel: &str,
+    at: &[(&str, toml::Value)],
+    os: OsKind,
+    shape: &Shape,
+) -> Result<Vec<Agg>, SpecError> {
+    let i = run
+        .point(at)
+        .ok_or_else(|| invalid(format!("{rel}: no point {at:?}")))?;
+    let trap = run.sweep.points[i]
+        .trap
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{rel}: not a swtlb-trap sweep")))?;
+    if trap.os != os {
+        return Err(invalid(format!(
+            "{rel}: point {i} is not under {}",
+            os.key()
+        )));
+    }
+    let results = run
+        .of_point(i)
+        .iter()
+        .map(|raw| {
+            trap.prefixes
+                .iter()
+                .map(|p| outcome_of(raw, p))
+                .collect::<Result<Vec<Outcome>, SpecError>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(aggregate(
+        &results,
+        trap.prefixes.len(),
+        shape.seeds.len(),
+        &shape.costs(os),
+    ))
 }
 
 /// Checks that a uhlig94 sweep runs shape.toml's stand-ins and seeds over
@@ -1603,6 +1674,12 @@ pub fn reproduce(
     for rel in [FIG5, FIG7] {
         Passes::check(rel, &super::load_sweep(src, rel, quick)?, &shape)?;
     }
+    check_pass_sweep(
+        FIG8,
+        &super::load_sweep(src, FIG8, quick)?,
+        &shape,
+        &["lower", "os", "placement", "workload"],
+    )?;
     table.calibration.extend(shape.calibration.clone());
     table.seeds(shape.seeds[0], shape.seeds.len() as u64);
     let paper = PaperNumbers::load(src, TABLES)?;
@@ -2032,12 +2109,21 @@ pub fn reproduce(
     );
 
     progress("Table VIII / Fig. 8: placement policies A-D (Mach3, ousterhout)");
-    let pol = [Placement::A, Placement::B, Placement::C, Placement::D];
-    let r = shape.run(
+    // experiments/uhlig94/fig8.sweep.toml, through the sweep engine.
+    let fig8 = super::run_sweep(src, FIG8, quick, backend)?;
+    let mach3 = ("os", toml::Value::from(OsKind::Mach3.key()));
+    let ousterhout = ("workload", toml::Value::from("ousterhout"));
+    let placements = |ps: &[&str]| ("placement", toml::Value::from(ps.to_vec()));
+    let r = pass_aggs(
+        &fig8,
+        FIG8,
+        &[
+            mach3.clone(),
+            ousterhout.clone(),
+            placements(&["A", "B", "C", "D"]),
+        ],
         OsKind::Mach3,
-        &["ousterhout"],
-        &pol.map(|p| setup_at(8, p)),
-        &shape.costs(OsKind::Mach3),
+        &shape,
     )?;
     table8_rows(
         &mut table,
@@ -2079,7 +2165,6 @@ pub fn reproduce(
             .arithmetic(),
         );
     }
-    let lowers: Vec<usize> = (4..=32).step_by(2).collect();
     let mut best = Vec::new();
     let mut plot = LinePlot::new(
         "uhlig94 Fig. 8 (stand-in): placement policies, Mach3, ousterhout",
@@ -2091,13 +2176,18 @@ pub fn reproduce(
         (Placement::B, "policy B"),
         (Placement::C, "policy C"),
     ] {
-        let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, p)).collect();
-        let r = shape.run(
-            OsKind::Mach3,
-            &["ousterhout"],
-            &setups,
-            &shape.costs(OsKind::Mach3),
-        )?;
+        let at = [
+            mach3.clone(),
+            ousterhout.clone(),
+            placements(&[&format!("{p:?}")]),
+        ];
+        let r = pass_aggs(&fig8, FIG8, &at, OsKind::Mach3, &shape)?;
+        let i = fig8.point(&at).expect("pass_aggs found it");
+        let lowers = fig8.sweep.points[i]
+            .trap
+            .as_ref()
+            .expect("a swtlb-trap point")
+            .lowers();
         best.push(r.iter().map(|a| a.seconds).fold(f64::INFINITY, f64::min));
         plot.add(ci_series(name, &lowers, &r, |s| s.seconds));
     }
@@ -3161,7 +3251,10 @@ mod tests {
             .replace("rounds = 300", "rounds = 20")
             .replace("enabled = true", "enabled = false");
         std::fs::write(d.join("shape.toml"), shape).unwrap();
-        std::fs::copy(dir().join("../systems.sweep.toml"), root(&d).join(SYSTEMS)).unwrap();
+        for rel in [SYSTEMS, FIG5, FIG7, FIG8] {
+            let name = rel.strip_prefix("uhlig94/").unwrap();
+            std::fs::copy(dir().join("..").join(name), root(&d).join(rel)).unwrap();
+        }
         let t = reproduce(&edited(&d), true, Some(&out), &super::super::Local, &|_| {}).unwrap();
         assert!(t.rows.len() > 150, "{} rows", t.rows.len());
         for r in &t.rows {
