@@ -55,10 +55,6 @@ pub struct Args {
     pub slurm_args: Vec<String>,
 }
 
-/// The papers whose sweeps are sweep files (experiments/PAPER/*.sweep.toml),
-/// run by the backend; the others run their sweeps in this process.
-const SWEEP_FILE_PAPERS: [Paper; 3] = [Paper::Black89, Paper::Balan92, Paper::Romanescu10];
-
 fn provenance() -> mmulab_report::Provenance {
     mmulab_report::Provenance {
         mmulab_version: env!("CARGO_PKG_VERSION").into(),
@@ -120,10 +116,10 @@ fn run_one(
         anyhow::Ok(match paper {
             Paper::Black89 => r::black89::reproduce(src, quick, out, backend, &progress)?,
             Paper::Balan92 => r::balan92::reproduce(src, quick, out, backend, &progress)?,
-            Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, &progress)?,
+            Paper::Uhlig94 => r::uhlig94::reproduce(src, quick, out, backend, &progress)?,
             Paper::Romanescu10 => r::romanescu10::reproduce(src, quick, out, backend, &progress)?,
             Paper::Fleisch89 => {
-                let t = mmulab_mirage::reproduce(src, quick, out, &mut |m| progress(m))?;
+                let t = r::fleisch89::reproduce(src, quick, out, backend, &progress)?;
                 epilogue = mmulab_mirage::cli::reproduce_epilogue();
                 t
             }
@@ -228,9 +224,11 @@ pub fn run(args: Args) -> anyhow::Result<bool> {
         if crate::ui::stopped() {
             break;
         }
-        if args.backend == crate::sweep_cmd::Backend::Slurm && !SWEEP_FILE_PAPERS.contains(&p) {
+        if args.backend == crate::sweep_cmd::Backend::Slurm {
+            // Every paper has sweep files (experiments/PAPER/*.sweep.toml);
+            // its other runs are not sweep files yet (docs/sweeps.md).
             crate::ui::note(format!(
-                "{}: its sweeps are not sweep files yet; they run in this process, not through Slurm",
+                "{}: its sweep files run through Slurm; its other runs run in this process",
                 p.name()
             ));
         }

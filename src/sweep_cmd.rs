@@ -328,6 +328,7 @@ fn report(dir: &OutDir, m: &Merged, json: bool) -> ExitCode {
                 "summary_rows": m.summary_rows,
                 "manifest": format!("{d}/manifest.json"),
                 "inconsistent_tasks": m.inconsistent,
+                "unchecked_tasks": m.unchecked,
                 "liveness_failures": m.liveness_failures,
                 "first_inconsistent": m.first_inconsistent.as_ref().map(|(id, note)| {
                     serde_json::json!({ "task": id, "violation": note })
@@ -366,7 +367,10 @@ fn report(dir: &OutDir, m: &Merged, json: bool) -> ExitCode {
             println!("  first failing seed {}: replay: {}", f.seed, f.replay);
         }
     }
-    if m.inconsistent == 0 && m.liveness_failures == 0 {
+    if m.inconsistent == 0 && m.liveness_failures == 0 && m.unchecked == m.tasks {
+        println!("oracle: none (this simulator checks no translations: `none` in every task)");
+        ExitCode::SUCCESS
+    } else if m.inconsistent == 0 && m.liveness_failures == 0 {
         println!("oracle: consistent in every task");
         ExitCode::SUCCESS
     } else {
@@ -398,7 +402,7 @@ fn status(dir: &OutDir, json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         let v = serde_json::json!({
             "dir": dir.path.display().to_string(),
-            "kind": match m.kind { Kind::Run => "run", Kind::Check => "check" },
+            "kind": m.kind.name(),
             "base": m.base.as_ref().map(|b| b.origin.clone()),
             "points": m.points.len(),
             "seeds": m.seeds.count,
@@ -418,11 +422,12 @@ fn status(dir: &OutDir, json: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let kind = match m.kind {
-        Kind::Run => format!(
-            "run sweep of {}",
+        Kind::Check => "check sweep".to_string(),
+        k => format!(
+            "{} sweep of {}",
+            k.name(),
             m.base.as_ref().map_or("?", |b| b.origin.as_str())
         ),
-        Kind::Check => "check sweep".to_string(),
     };
     println!(
         "{}: {kind}, {} points x {} seeds = {} tasks in {} shard(s); mmulab {} {}",

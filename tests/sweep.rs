@@ -572,8 +572,9 @@ fn balan92s_sweep_files_run_by_hand_give_the_reproductions_numbers() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `mmulab reproduce balan92 --quick --backend slurm`: its sweep files run
-/// as job arrays, and the report is the local one (but its provenance).
+/// `mmulab reproduce balan92 --quick --backend slurm` (and fleisch89's):
+/// its sweep files run as job arrays, and the report is the local one
+/// (but its provenance).
 #[test]
 fn reproduce_through_slurm_gives_the_local_rows() {
     if let Err(why) = slurm_ready() {
@@ -620,6 +621,26 @@ fn reproduce_through_slurm_gives_the_local_rows() {
         let m = read(&f.join("manifest.json"));
         assert!(m.contains("\"slurm_jobs\""), "{m}");
     }
+    // fleisch89's Fig. 8 runs on the Mirage simulator
+    // (`kind = "mirage-read-writers"`): through Slurm too, with the local
+    // rows.
+    let run = |backend: &[&str]| -> serde_json::Value {
+        let mut a = vec!["reproduce", "fleisch89", "--quick", "--json"];
+        a.extend_from_slice(backend);
+        let o = mmulab(&a);
+        assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).expect("JSON")
+    };
+    let local = run(&[]);
+    let slurm = run(&["--backend", "slurm", "--out", d.to_str().unwrap()]);
+    for k in ["rows", "headline", "seeds", "calibration", "not_reproduced"] {
+        assert_eq!(
+            slurm[k], local[k],
+            "fleisch89: `{k}` differs between Slurm and local"
+        );
+    }
+    let f = d.join("sweeps/fleisch89/fig8-quick");
+    assert!(read(&f.join("manifest.json")).contains("\"slurm_jobs\""));
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -658,4 +679,276 @@ fn sweep_status_and_merge_print_json() {
     assert_eq!(m["results_rows"], run["results_rows"], "{m}");
     assert_eq!(m["summary_rows"], run["summary_rows"], "{m}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `file` (a reproduction's sweep file, `--quick`) on one thread, on
+/// two, and as two shards merged, and checks the three give the same
+/// bytes; returns the one-thread folder.
+fn three_ways_alike(t: &Path, file: &str) -> PathBuf {
+    let one = t.join("jobs1");
+    let two = t.join("jobs2");
+    let shards = t.join("shards");
+    for (out, jobs) in [(&one, "1"), (&two, "2")] {
+        let o = sweep(&[
+            file,
+            "--quick",
+            "--out",
+            out.to_str().unwrap(),
+            "--jobs",
+            jobs,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    for shard in ["1/2", "0/2"] {
+        let o = sweep(&[
+            file,
+            "--quick",
+            "--out",
+            shards.to_str().unwrap(),
+            "--shard",
+            shard,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = sweep(&["merge", shards.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_same(&one, &two);
+    assert_same(&one, &shards);
+    one
+}
+
+/// fleisch89 Fig. 8's sweep file runs on the Mirage simulator
+/// (`kind = "mirage-read-writers"`) alike on one thread, two and two
+/// shards, and its throughputs are the reproduction's Fig. 8 rows; its
+/// bad keys and values exit 2, naming them, before any task runs.
+#[test]
+fn fleisch89s_fig8_sweep_file_runs_alike_and_gives_the_reproductions_rates() {
+    let t = tmp("fleisch89-fig8");
+    let file = "experiments/fleisch89/fig8.sweep.toml";
+    let one = three_ways_alike(&t, file);
+    let results = read(&one.join("results.csv"));
+    let mut r = csv::Reader::from_reader(results.as_bytes());
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        ["delta_ticks", "seed", "metric", "value", "unit", "oracle"]
+    );
+    assert!(
+        r.records().all(|x| &x.unwrap()[5] == "consistent"),
+        "{results}"
+    );
+    let o = mmulab(&["reproduce", "fleisch89", "--quick", "--json"]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let deltas = [1u32, 10, 60, 120, 240, 480, 600, 720, 1200];
+    for d in deltas {
+        let ds = d.to_string();
+        let v = metric(&results, "read_write_instr_per_s", &[("delta_ticks", &ds)]);
+        assert_eq!(v.len(), 1, "Δ={d}: one seed under --quick: {v:?}");
+        let by_hand: f64 = v[0].parse().unwrap();
+        let shown = row(
+            &rep,
+            "Fig. 8",
+            "throughput",
+            serde_json::json!({ "delta_ticks": d }),
+        );
+        // The same run's number; serde_json's parser may land one ulp off
+        // the shortest text the report printed.
+        assert!(
+            (by_hand - shown).abs() <= 2.0 * f64::EPSILON * shown.abs(),
+            "Δ={d}: sweep {by_hand}, reproduction {shown}"
+        );
+        assert_eq!(
+            metric(&results, "simulated_s", &[("delta_ticks", &ds)]).len(),
+            1
+        );
+    }
+    let o = sweep(&["status", one.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["kind"], "mirage-read-writers", "{st}");
+    assert_eq!(st["tasks"], deltas.len(), "{st}");
+
+    // Bad keys and values, named before any task runs.
+    let shipped = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(file));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("experiments/fleisch89/paper-data/fig8.toml")
+        .display()
+        .to_string();
+    let shipped = shipped.replace("paper-data/fig8.toml", &base);
+    let out = t.join("bad-out");
+    for (text_of, named) in [
+        (
+            shipped.replace("delta_ticks = [1, 2,", "deltas = [1, 2,"),
+            "point 0 (deltas=1): ",
+        ),
+        (
+            shipped.replace("delta_ticks = [1, 2,", "delta_ticks = [-1, 2,"),
+            "key `delta_ticks`: expected a whole number of ticks",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nloop_s = [5000.0]"),
+            "key `loop_s`: must be at most 3600",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\npreset = [\"vax\"]"),
+            "key `preset`: unknown preset",
+        ),
+        (
+            shipped.replace("count = 3 }", "count = 100000 }"),
+            "simulated operations (14 points x 100000 seeds",
+        ),
+        (
+            // Without its kind, the base is read as a `mmulab run` spec.
+            shipped.replace("kind = \"mirage-read-writers\"\n", ""),
+            "point 0 (delta_ticks=1): preset: unknown preset `vax-locus-1989`",
+        ),
+    ] {
+        let s = write_sweep(&t, &text_of);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+/// uhlig94's systems sweep file runs trap-driven passes of the
+/// software-TLB simulator (`kind = "swtlb-trap"`) alike on one thread,
+/// two and two shards; Table II's ratios are its TLB seconds summed over
+/// the stand-ins; its bad keys and values exit 2, naming them, before any
+/// task runs.
+#[test]
+fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
+    let t = tmp("uhlig94-systems");
+    let file = "experiments/uhlig94/systems.sweep.toml";
+    let one = three_ways_alike(&t, file);
+    let results = read(&one.join("results.csv"));
+    let mut r = csv::Reader::from_reader(results.as_bytes());
+    let header: Vec<String> = r.headers().unwrap().iter().map(String::from).collect();
+    assert_eq!(
+        header,
+        [
+            "os", "workload", "seed", "metric", "value", "unit", "oracle"
+        ]
+    );
+    // The software-TLB simulator checks no translations: `none`, never a
+    // claim of consistency.
+    assert!(r.records().all(|x| &x.unwrap()[6] == "none"), "{results}");
+    let o = mmulab(&["reproduce", "uhlig94", "--quick", "--json"]);
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}", text(&o));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let suite = [
+        "compress",
+        "IOzone",
+        "jpeg_play",
+        "mab",
+        "mpeg_play",
+        "ousterhout",
+        "video_play",
+    ];
+    let seconds = |os: &str| -> f64 {
+        suite.iter().fold(0.0, |s, w| {
+            let v = metric(&results, "tlb_seconds", &[("os", os), ("workload", w)]);
+            assert_eq!(v.len(), 1, "{os} {w}: one seed under --quick: {v:?}");
+            s + v[0].parse::<f64>().unwrap()
+        })
+    };
+    let ultrix = seconds("ultrix");
+    for (key, name) in [
+        ("osf1", "OSF/1"),
+        ("mach3", "Mach3"),
+        ("afsin", "Mach3+AFSin"),
+        ("afsout", "Mach3+AFSout"),
+    ] {
+        let by_hand = seconds(key) / ultrix;
+        let shown = row(
+            &rep,
+            "Table II",
+            "time ratio to Ultrix",
+            serde_json::json!({ "os": name, "workload": "all seven (stand-ins)" }),
+        );
+        assert!(
+            (by_hand - shown).abs() <= 4.0 * f64::EPSILON * shown.abs(),
+            "{name}: sweep {by_hand}, reproduction {shown}"
+        );
+    }
+
+    let shipped = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join(file));
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("experiments/uhlig94/paper-data/shape.toml")
+        .display()
+        .to_string();
+    let shipped = shipped.replace("paper-data/shape.toml", &base);
+    let out = t.join("bad-out");
+    for (text_of, named) in [
+        (
+            shipped.replace("os = [\"ultrix\",", "os = [\"vms\","),
+            "point 0 (os=\"vms\", workload=\"compress\"): os: unknown OS `vms`",
+        ),
+        (
+            shipped.replace("\"IOzone\"", "\"iozone\""),
+            "workload: no stand-in `iozone`",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nslots = [128]"),
+            "slots: not a key of a trap-driven pass",
+        ),
+        (
+            shipped.replace("[grid]", "[grid]\nlower = [[8, 64]]"),
+            "lower: expected distinct partition points in 0..64",
+        ),
+    ] {
+        let s = write_sweep(&t, &text_of);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+/// uhlig94's partition sweep files (Figs. 5 and 7: one trap-driven pass
+/// over a list of partition points per task; Table VIII and Fig. 8: over
+/// placements too) run alike on one thread, two and two shards, with each
+/// setup's metrics under its partition point (and placement).
+#[test]
+fn uhlig94s_partition_sweep_files_run_alike() {
+    let t = tmp("uhlig94-fig8");
+    let one = three_ways_alike(&t, "experiments/uhlig94/fig8.sweep.toml");
+    let results = read(&one.join("results.csv"));
+    for (placement, tasks) in [("A", 2), ("B", 2), ("C", 2), ("D", 1)] {
+        let v = metric(&results, &format!("lower8.{placement}.tlb_seconds"), &[]);
+        assert_eq!(v.len(), tasks, "policy {placement}: {v:?}");
+    }
+    assert_eq!(metric(&results, "lower32.C.misses.L2", &[]).len(), 1);
+    let _ = std::fs::remove_dir_all(&t);
+    for (name, tasks, lowers) in [("fig5", 3, 13), ("fig7", 6, 14)] {
+        let t = tmp(&format!("uhlig94-{name}"));
+        let file = format!("experiments/uhlig94/{name}.sweep.toml");
+        let one = three_ways_alike(&t, &file);
+        let results = read(&one.join("results.csv"));
+        let rows = metric(&results, "lower8.tlb_seconds", &[]);
+        assert_eq!(rows.len(), tasks, "{name}: {results}");
+        let per_task = metric(&results, "misses.L2", &[]).len()
+            + (4..=30)
+                .filter(|l| !metric(&results, &format!("lower{l}.misses.L2"), &[]).is_empty())
+                .count();
+        assert_eq!(per_task, lowers, "{name}: a setup per partition point");
+        let _ = std::fs::remove_dir_all(&t);
+    }
 }

@@ -53,15 +53,48 @@ const RESERVED: [(&str, &str); 2] = [
     ("runs", "each task runs one seed; use `seeds.count`"),
 ];
 
-/// What each task runs.
+/// What each task runs: which simulator, and how a point's keys reach it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// One seed of the base spec with the point's `--set` values.
+    /// One seed of the base spec with the point's `--set` values (the
+    /// multiprocessor simulator: `mmulab run`'s specs).
     Run,
     /// One seed of `mmulab check`'s swarm (every parameter drawn from the
     /// seed) under the point's protocol: the only key is `protocol`.
     Check,
+    /// One run of fleisch89 §8's two conflicting read-writers on the
+    /// Mirage simulator (`mmulab_mirage::spec::ReadWritersRun`): the base
+    /// is a Fig. 8 spec (`fleisch89/paper-data/fig8.toml`), a point sets
+    /// `delta_ticks` and may set `loop_s`, `stagger_s`,
+    /// `third_site_library` and `preset`; the seed draws the processes'
+    /// start phases.
+    #[serde(rename = "mirage-read-writers")]
+    MirageReadWriters,
+    /// One trap-driven pass of uhlig94's software-managed TLB simulator
+    /// (`crate::reproduce::uhlig94::TrapRun`): the base is
+    /// `uhlig94/paper-data/shape.toml` (OS models, stand-ins), a point
+    /// sets `os` and `workload` and may set `lower` (the pass's partition
+    /// points); the seed draws the stand-in's references.
+    #[serde(rename = "swtlb-trap")]
+    SwtlbTrap,
+}
+
+impl Kind {
+    /// The name a sweep file's `kind` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Run => "run",
+            Kind::Check => "check",
+            Kind::MirageReadWriters => "mirage-read-writers",
+            Kind::SwtlbTrap => "swtlb-trap",
+        }
+    }
+
+    /// Whether a task runs a base spec (every kind but `check`).
+    pub fn has_base(self) -> bool {
+        self != Kind::Check
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,8 +162,14 @@ pub struct Base {
 #[derive(Clone, Debug)]
 pub struct Point {
     pub values: BTreeMap<String, Value>,
-    /// The validated spec (run sweeps; `None` for check sweeps).
+    /// The validated spec (run sweeps; `None` for the other kinds).
     pub spec: Option<Spec>,
+    /// The validated run (`mirage-read-writers` sweeps; `None` for the
+    /// other kinds).
+    pub read_writers: Option<mmulab_mirage::spec::ReadWritersRun>,
+    /// The validated pass (`swtlb-trap` sweeps; `None` for the other
+    /// kinds).
+    pub trap: Option<crate::reproduce::uhlig94::TrapRun>,
 }
 
 impl Point {
@@ -414,7 +453,17 @@ impl Sweep {
                     "{origin}: base: missing (a spec file, or an embedded experiment such as \"black89/fig2\")"
                 )));
             }
-            (Kind::Run, Some(b)) => Some(read_base(&b)?),
+            (Kind::MirageReadWriters, None) => {
+                return Err(invalid(format!(
+                    "{origin}: base: missing (a Fig. 8 spec, such as \"fleisch89/paper-data/fig8.toml\")"
+                )));
+            }
+            (Kind::SwtlbTrap, None) => {
+                return Err(invalid(format!(
+                    "{origin}: base: missing (uhlig94's stand-ins and OS models, \"uhlig94/paper-data/shape.toml\")"
+                )));
+            }
+            (_, Some(b)) => Some(read_base(&b)?),
         };
 
         // Validate every point before any task runs.
@@ -423,8 +472,32 @@ impl Sweep {
             let mut point = Point {
                 values: v,
                 spec: None,
+                read_writers: None,
+                trap: None,
             };
             match (&base, kind) {
+                (Some(b), Kind::SwtlbTrap) => {
+                    let run =
+                        crate::reproduce::uhlig94::TrapRun::of(&b.origin, &b.text, &point.values)
+                            .map_err(|e| {
+                            invalid(format!(
+                                "{origin}: point {i} ({}): {e}",
+                                point.sets().join(", ")
+                            ))
+                        })?;
+                    point.trap = Some(run);
+                }
+                (Some(b), Kind::MirageReadWriters) => {
+                    let run =
+                        mmulab_mirage::spec::ReadWritersRun::of(&b.origin, &b.text, &point.values)
+                            .map_err(|e| {
+                                invalid(format!(
+                                    "{origin}: point {i} ({}): {e}",
+                                    point.sets().join(", ")
+                                ))
+                            })?;
+                    point.read_writers = Some(run);
+                }
                 (Some(b), Kind::Run) => {
                     let spec = Spec::parse(&b.text, &point.sets(), &b.origin).map_err(|e| {
                         invalid(format!(
@@ -459,8 +532,28 @@ impl Sweep {
             points.push(point);
         }
 
+        if kind == Kind::MirageReadWriters {
+            // fleisch89's work budget (its specs' `MAX_WORK`): a typo in
+            // `seeds.count` or a loop's length is refused, not run for
+            // years.
+            let per_seed: f64 = points
+                .iter()
+                .filter_map(|p| p.read_writers.as_ref())
+                .map(|r| r.work())
+                .sum();
+            let work = per_seed * seeds.count as f64;
+            let budget = mmulab_mirage::spec::MAX_WORK as f64;
+            if work > budget {
+                return Err(invalid(format!(
+                    "{origin}: about {work:.1e} simulated operations ({} points x {} seeds, each its loop_s x {:.0e} a second), above the budget of {budget:.0e} (fleisch89's specs' budget)",
+                    points.len(),
+                    seeds.count,
+                    mmulab_mirage::spec::EVENTS_PER_SECOND
+                )));
+            }
+        }
         let chunk = chunk.unwrap_or(match kind {
-            Kind::Run => seeds.count,
+            Kind::Run | Kind::MirageReadWriters | Kind::SwtlbTrap => seeds.count,
             Kind::Check => CHECK_CHUNK,
         });
         let mut sweep = Sweep {
@@ -659,6 +752,64 @@ mod exact {
                 .map(|(k, v)| Ok((k, super::parse(&v)?)))
                 .collect()
         }
+    }
+}
+
+/// The raw outcome of one run of fleisch89 §8's read-writers: its
+/// throughput and simulated length as figures
+/// (`read_write_instr_per_s`, `simulated_s`), its counters (messages,
+/// faults, interrupts, Δ sleeps). Mirage's oracle checks every event of
+/// the run (a violation stops it), so a run that ends is consistent.
+pub fn raw_of_read_writers(seed: u64, r: &mmulab_mirage::runs::ReadWritersResult) -> Raw {
+    Raw {
+        seed,
+        // The Mirage simulator counts time in ns, not cycles: its length
+        // is the `simulated_s` figure.
+        end_cycles: 0,
+        timed_out: false,
+        violations: 0,
+        counters: r.counters.clone(),
+        samples: BTreeMap::new(),
+        figures: [
+            ("read_write_instr_per_s".to_string(), r.instr_per_s),
+            ("simulated_s".to_string(), r.end_ns as f64 / 1e9),
+        ]
+        .into(),
+        verdict: "consistent".into(),
+    }
+}
+
+/// Runs one task of a sweep that is not a check sweep and returns its
+/// raw outcome (keeping the samples of the sweep's `raw` histograms):
+/// what a reproduction reads, on whichever backend ran it. A run the
+/// simulator could not finish (Mirage's event bound) is an error.
+pub fn raw_of(sweep: &Sweep, task: Task) -> Result<Raw, String> {
+    match sweep.kind {
+        Kind::Run => {
+            let hists = sweep.raw.clone().unwrap_or_default();
+            Ok(Raw::of(&run_seed_of(sweep, task), &hists))
+        }
+        Kind::MirageReadWriters => {
+            let run = sweep.points[task.point]
+                .read_writers
+                .as_ref()
+                .expect("read-writers sweeps validate a run for every point");
+            run.run(task.seed)
+                .map(|r| raw_of_read_writers(task.seed, &r))
+                .map_err(|e| format!("task {}: {e}", task.id()))
+        }
+        Kind::SwtlbTrap => {
+            let run = sweep.points[task.point]
+                .trap
+                .as_ref()
+                .expect("swtlb-trap sweeps validate a pass for every point");
+            run.run(task.seed)
+                .map_err(|e| format!("task {}: {e}", task.id()))
+        }
+        Kind::Check => Err(format!(
+            "task {}: a check sweep's tasks have no raw outcome",
+            task.id()
+        )),
     }
 }
 
@@ -879,6 +1030,116 @@ mod tests {
         // The expanded copy keeps `raw` and needs no [quick].
         let copy = parse(&quick.to_toml("base.toml")).unwrap();
         assert_eq!(copy.sha256, quick.sha256);
+    }
+
+    #[test]
+    fn kinds_are_named_as_sweep_files_write_them() {
+        for k in [
+            Kind::Run,
+            Kind::Check,
+            Kind::MirageReadWriters,
+            Kind::SwtlbTrap,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+        }
+    }
+
+    #[test]
+    fn read_writers_sweeps_validate_a_mirage_run_per_point() {
+        let s = parse(
+            "kind = \"mirage-read-writers\"\nbase = \"fleisch89/paper-data/fig8.toml\"\nseeds = { start = 0, count = 2 }\n[grid]\ndelta_ticks = [1, 600]\n\"loop_s\" = [1.0]\n",
+        )
+        .unwrap();
+        assert_eq!(s.columns, ["delta_ticks", "loop_s"]);
+        assert_eq!(s.task_count(), 4);
+        let run = s.points[1].read_writers.as_ref().unwrap();
+        assert_eq!(
+            (run.delta_ticks, run.loop_s, run.stagger_s),
+            (600, 1.0, 0.5)
+        );
+        assert!(s.points[1].spec.is_none());
+        // The task's raw outcome is the Mirage run's, seed for seed.
+        let t = s.task(3);
+        assert_eq!((t.point, t.seed), (1, 1));
+        let raw = raw_of(&s, t).unwrap();
+        assert_eq!(
+            raw.figures["read_write_instr_per_s"],
+            run.run(1).unwrap().instr_per_s
+        );
+        assert!(raw.counters.get("messages_page") > 0);
+        let e = err(
+            "kind = \"mirage-read-writers\"\nbase = \"fleisch89/paper-data/fig8.toml\"\nseeds = { start = 0, count = 1 }\n[grid]\n\"machine.cpus\" = [2]\n",
+        );
+        assert!(
+            e.contains("point 0 (machine.cpus=2)") && e.contains("not a key of a read-writers run"),
+            "{e}"
+        );
+        let e = err("kind = \"mirage-read-writers\"\nseeds = { start = 0, count = 1 }\n");
+        assert!(e.contains("base: missing"), "{e}");
+    }
+
+    #[test]
+    fn swtlb_trap_sweeps_validate_a_pass_per_point() {
+        let head = "kind = \"swtlb-trap\"\nbase = \"uhlig94/paper-data/shape.toml\"\nseeds = { start = 1, count = 1 }\n[grid]\n";
+        let s = parse(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"IOzone\"]\nlower = [[4, 8]]\n"
+        ))
+        .unwrap();
+        assert_eq!(s.columns, ["lower", "os", "workload"]);
+        let raw = raw_of(&s, s.task(0)).unwrap();
+        // One pass, two partition points: each its own metrics.
+        for p in ["lower4.", "lower8."] {
+            assert!(
+                raw.figures.contains_key(&format!("{p}tlb_seconds")),
+                "{raw:?}"
+            );
+            assert!(
+                raw.counters.0.contains_key(&format!("{p}misses.L1U")),
+                "{raw:?}"
+            );
+        }
+        assert_eq!(raw.verdict, "none");
+        // Partition points x placements, in that order, in one pass.
+        let s = parse(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"IOzone\"]\n[[point]]\nlower = [4, 8]\nplacement = [\"B\", \"D\"]\n"
+        ))
+        .unwrap();
+        let trap = s.points[0].trap.as_ref().unwrap();
+        assert_eq!(trap.lowers(), [4, 8]);
+        let raw = raw_of(&s, s.task(0)).unwrap();
+        let names: Vec<&String> = raw
+            .figures
+            .keys()
+            .filter(|k| k.ends_with("tlb_seconds"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "lower4.B.tlb_seconds",
+                "lower4.D.tlb_seconds",
+                "lower8.B.tlb_seconds",
+                "lower8.D.tlb_seconds"
+            ]
+        );
+        let e = err(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"mab\"]\nplacement = [[\"E\"]]\n"
+        ));
+        assert!(e.contains("placement: expected distinct policies"), "{e}");
+        let e = err(&format!("{head}os = [\"mach3\"]\n"));
+        assert!(
+            e.contains("point 0 (os=\"mach3\"): workload: missing"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{head}os = [\"mach3\"]\nworkload = [\"mab\"]\nlower = [-1]\n"
+        ));
+        assert!(
+            e.contains("lower: expected distinct partition points"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -29,11 +29,17 @@ use std::path::Path;
 /// Runs every spec of `fleisch89/paper-data/` in `src`. With `out`, writes
 /// the SVGs (and CSVs) of Figs. 7 and 8 there. `quick` runs fewer seeds and
 /// trials.
+///
+/// Fig. 8 is a sweep file (`fleisch89/fig8.sweep.toml`) that this crate
+/// does not run itself: `fig8_sweep` runs it (with `quick` applied) and
+/// returns its points (`mmulab_experiment::reproduce::fleisch89` runs it
+/// through the sweep engine).
 pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
     progress: &mut dyn FnMut(&str),
+    fig8_sweep: &mut dyn FnMut() -> Result<Fig8Points, Error>,
 ) -> Result<ReproTable, Error> {
     // Every spec is checked before the first stage runs.
     spec::check_all(src)?;
@@ -48,7 +54,7 @@ pub fn reproduce(
     let (fig7, p) = fig7(src, quick, &mut table)?;
     table.calibration.extend(p.calibration());
     progress("Fig. 8");
-    let (fig8, p) = fig8(src, quick, &mut table)?;
+    let (fig8, p) = fig8(src, &mut table, fig8_sweep)?;
     table.calibration.extend(p.calibration());
     progress("extension, N-site ping-pong");
     let p = nsite(src, quick, &mut table)?;
@@ -94,6 +100,14 @@ fn not_reproduced(t: &mut ReproTable) {
         "the 14 % that byte flipping adds to a Locus read message is a measurement of Locus \
          file messages; the model has no heterogeneous sites",
     );
+}
+
+fn invalid(file: &str, key: &str, message: &str) -> Error {
+    Error::Invalid {
+        file: file.into(),
+        key: key.into(),
+        message: message.into(),
+    }
 }
 
 fn stuck(message: String) -> Error {
@@ -827,30 +841,46 @@ fn fig7_plot(c: &Curve, pp: &spec::Fig7Paper) -> LinePlot {
     plot
 }
 
-fn fig8(src: &Experiments, quick: bool, t: &mut ReproTable) -> Result<(LinePlot, Preset), Error> {
+/// Fig. 8's sweep as run: `experiments/fleisch89/fig8.sweep.toml` (whose
+/// base is `paper-data/fig8.toml`), each task one
+/// [`spec::ReadWritersRun`], run by `mmulab sweep`'s engine (on this
+/// machine or a Slurm cluster).
+#[derive(Clone, Debug)]
+pub struct Fig8Points {
+    /// The Δ swept, in the sweep's order.
+    pub deltas: Vec<u32>,
+    /// The first seed; each Δ ran the same seeds.
+    pub first_seed: u64,
+    /// Each Δ's read-write instructions per second, one per seed, in seed
+    /// order.
+    pub rates: Vec<Vec<f64>>,
+}
+
+fn fig8(
+    src: &Experiments,
+    t: &mut ReproTable,
+    sweep: &mut dyn FnMut() -> Result<Fig8Points, Error>,
+) -> Result<(LinePlot, Preset), Error> {
     let s: Fig8Spec = spec::load(src, "fig8.toml")?;
     s.validate("fig8.toml")?;
     let p = preset(&s.preset);
-    let (deltas, loop_s, seeds) = if quick {
-        (&s.quick_deltas, s.quick_loop_s, s.quick_seeds)
-    } else {
-        (&s.deltas, s.loop_s, s.seeds)
-    };
-    t.seeds(0, seeds);
-    let setup = runs::ReadWritersSetup {
-        third_site_library: s.third_site_library,
-        stagger_s: s.stagger_s,
-    };
-    let rate = |d: u32| -> Result<Mean, Error> {
-        let v = (0..seeds)
-            .map(|seed| runs::read_writers(&p, d, loop_s, &setup, seed).map_err(stuck))
-            .collect::<Result<Vec<f64>, Error>>()?;
-        Ok(Mean::of(&v))
-    };
-    let points = deltas
+    let run = sweep()?;
+    let deltas = &run.deltas;
+    assert_eq!(deltas.len(), run.rates.len(), "a rate list per Δ");
+    let seeds = run.rates.first().map_or(0, Vec::len) as u64;
+    if deltas.is_empty() || seeds == 0 {
+        return Err(invalid(
+            "fig8.sweep.toml",
+            "delta_ticks",
+            "the sweep ran no Δ or no seed",
+        ));
+    }
+    t.seeds(run.first_seed, seeds);
+    let points: Vec<(u32, Mean)> = deltas
         .iter()
-        .map(|&d| Ok((d, rate(d)?)))
-        .collect::<Result<Vec<(u32, Mean)>, Error>>()?;
+        .zip(&run.rates)
+        .map(|(&d, v)| (d, Mean::of(v)))
+        .collect();
     let a = s.artefact.as_str();
     debug_assert_eq!(a, FIG8, "the preset's calibration names Fig. 8 so");
     let pp = &s.paper;

@@ -213,6 +213,28 @@ pub fn read_writers(
     setup: &ReadWritersSetup,
     seed: u64,
 ) -> Result<f64, String> {
+    read_writers_run(preset, delta_ticks, loop_s, setup, seed).map(|r| r.instr_per_s)
+}
+
+/// What one run of §8's read-writers measured.
+#[derive(Clone, Debug)]
+pub struct ReadWritersResult {
+    /// Read-write instructions per second over the whole run.
+    pub instr_per_s: f64,
+    /// When the last process finished its loop, simulated ns.
+    pub end_ns: u64,
+    /// The run's counters (messages, faults, interrupts, Δ sleeps).
+    pub counters: Counters,
+}
+
+/// [`read_writers`], with the run's end and counters.
+pub fn read_writers_run(
+    preset: &Preset,
+    delta_ticks: u32,
+    loop_s: f64,
+    setup: &ReadWritersSetup,
+    seed: u64,
+) -> Result<ReadWritersResult, String> {
     let (n_sites, library) = if setup.third_site_library {
         (3, 2)
     } else {
@@ -241,7 +263,11 @@ pub fn read_writers(
         .max()
         .copied()
         .unwrap_or(1);
-    Ok((2 * iterations) as f64 / (end as f64 / 1e9))
+    Ok(ReadWritersResult {
+        instr_per_s: (2 * iterations) as f64 / (end as f64 / 1e9),
+        end_ns: end,
+        counters: sim.counters.clone(),
+    })
 }
 
 /// §8's unstated setup, as stated assumptions in the spec.

@@ -5,6 +5,8 @@
 //! errors that name the key (serde's `deny_unknown_fields`); impossible
 //! values are errors that name the key too.
 
+use std::collections::BTreeMap;
+
 use crate::Error;
 use mmulab_report::Experiments;
 use serde::Deserialize;
@@ -88,17 +90,15 @@ pub struct Fig7Paper {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// Fig. 8's setup and the paper's numbers. The Δ swept and the seeds are
+/// the sweep file's (`experiments/fleisch89/fig8.sweep.toml`), whose base
+/// this is: each of its tasks is one [`ReadWritersRun`].
 pub struct Fig8Spec {
     pub artefact: String,
     pub preset: String,
-    pub deltas: Vec<u32>,
-    pub quick_deltas: Vec<u32>,
     pub loop_s: f64,
-    pub quick_loop_s: f64,
     pub third_site_library: bool,
     pub stagger_s: f64,
-    pub seeds: u64,
-    pub quick_seeds: u64,
     pub rate_tolerance_pct: f64,
     pub peak_delta_tolerance_pct: f64,
     pub paper: Fig8Paper,
@@ -241,7 +241,7 @@ const EVENTS_PER_CYCLE: u64 = 64;
 /// Simulated operations per simulated second of the read-writers' loop: a
 /// VAX 11/750 executes under 10^6 instructions a second, and each is at
 /// most one operation of the simulation.
-const EVENTS_PER_SECOND: f64 = 1e6;
+pub const EVENTS_PER_SECOND: f64 = 1e6;
 
 /// The most seeds (or trials, rounds) one spec key may ask for, and the
 /// longest list of Δ or site counts: far above any figure's, below what
@@ -255,6 +255,10 @@ const MAX_DELTA_TICKS: u32 = 60 * 86_400;
 
 /// The longest read-writers' loop, simulated seconds (Fig. 8 uses 10).
 const MAX_LOOP_S: f64 = 3_600.0;
+
+// One read-writers run, the longest loop, stays within the work budget
+// (a sweep of many is bounded by its task count, `mmulab sweep`'s).
+const _: () = assert!(MAX_LOOP_S * EVENTS_PER_SECOND <= MAX_WORK as f64);
 
 fn check_count(file: &str, key: &str, v: u64) -> Result<(), Error> {
     if v <= MAX_COUNT {
@@ -385,57 +389,164 @@ impl Fig7Spec {
 impl Fig8Spec {
     pub fn validate(&self, file: &str) -> Result<(), Error> {
         check_preset(file, &self.preset)?;
-        check_deltas(file, "deltas", &self.deltas)?;
-        check_deltas(file, "quick_deltas", &self.quick_deltas)?;
-        check_positive(file, "loop_s", self.loop_s)?;
-        check_positive(file, "quick_loop_s", self.quick_loop_s)?;
-        for (k, v) in [("loop_s", self.loop_s), ("quick_loop_s", self.quick_loop_s)] {
-            if v > MAX_LOOP_S {
-                return Err(invalid(
-                    file,
-                    k,
-                    &format!("must be at most {MAX_LOOP_S} simulated seconds, got {v}"),
-                ));
-            }
-        }
-        check_tolerance(file, "stagger_s", self.stagger_s)?;
-        if self.stagger_s > MAX_LOOP_S {
-            return Err(invalid(
-                file,
-                "stagger_s",
-                &format!(
-                    "must be at most {MAX_LOOP_S} simulated seconds, got {}",
-                    self.stagger_s
-                ),
-            ));
-        }
-        check_positive(file, "seeds", self.seeds as f64)?;
-        check_positive(file, "quick_seeds", self.quick_seeds as f64)?;
-        check_count(file, "seeds", self.seeds)?;
-        check_count(file, "quick_seeds", self.quick_seeds)?;
-        let check = |key: &str, deltas: usize, loop_s: f64, seeds: u64| {
-            check_work(
-                file,
-                key,
-                deltas as f64 * seeds as f64 * loop_s * EVENTS_PER_SECOND,
-                &format!(
-                    "{deltas} Δ x {seeds} seeds x {loop_s} s x {EVENTS_PER_SECOND:.0e} a second"
-                ),
-            )
-        };
-        check("loop_s", self.deltas.len(), self.loop_s, self.seeds)?;
-        check(
-            "quick_loop_s",
-            self.quick_deltas.len(),
-            self.quick_loop_s,
-            self.quick_seeds,
-        )?;
+        check_loop(file, "loop_s", self.loop_s)?;
+        check_stagger(file, "stagger_s", self.stagger_s)?;
         check_tolerance(file, "rate_tolerance_pct", self.rate_tolerance_pct)?;
         check_tolerance(
             file,
             "peak_delta_tolerance_pct",
             self.peak_delta_tolerance_pct,
         )
+    }
+}
+
+/// A read-writers' loop: positive, at most [`MAX_LOOP_S`]. One run is then
+/// at most 3.6e9 simulated operations, below [`MAX_WORK`].
+fn check_loop(file: &str, key: &str, v: f64) -> Result<(), Error> {
+    check_positive(file, key, v)?;
+    if v > MAX_LOOP_S {
+        return Err(invalid(
+            file,
+            key,
+            &format!("must be at most {MAX_LOOP_S} simulated seconds, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_stagger(file: &str, key: &str, v: f64) -> Result<(), Error> {
+    check_tolerance(file, key, v)?;
+    if v > MAX_LOOP_S {
+        return Err(invalid(
+            file,
+            key,
+            &format!("must be at most {MAX_LOOP_S} simulated seconds, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+/// One run of §8's two conflicting read-writers (Fig. 8's program): a
+/// task of a fleisch89 sweep file (`kind = "mirage-read-writers"`, e.g.
+/// `experiments/fleisch89/fig8.sweep.toml`). Its base is a Fig. 8 spec
+/// ([`Fig8Spec`], `paper-data/fig8.toml`), which gives `preset`, `loop_s`,
+/// `third_site_library` and `stagger_s`; a point sets `delta_ticks` and
+/// may set any of the others ([`ReadWritersRun::KEYS`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadWritersRun {
+    pub preset: String,
+    pub delta_ticks: u32,
+    pub loop_s: f64,
+    pub third_site_library: bool,
+    pub stagger_s: f64,
+}
+
+impl ReadWritersRun {
+    /// The keys a sweep point may set.
+    pub const KEYS: [&'static str; 5] = [
+        "delta_ticks",
+        "loop_s",
+        "preset",
+        "stagger_s",
+        "third_site_library",
+    ];
+
+    /// The run of `base` (a Fig. 8 spec's text; `file` names it) with a
+    /// point's `values`. Errors name the key.
+    pub fn of(
+        file: &str,
+        base: &str,
+        values: &BTreeMap<String, toml::Value>,
+    ) -> Result<ReadWritersRun, Error> {
+        let s: Fig8Spec = parse(file, base)?;
+        s.validate(file)?;
+        let mut run = ReadWritersRun {
+            preset: s.preset,
+            delta_ticks: 0,
+            loop_s: s.loop_s,
+            third_site_library: s.third_site_library,
+            stagger_s: s.stagger_s,
+        };
+        let mut delta = None;
+        for (k, v) in values {
+            let bad = |what: &str| {
+                invalid(
+                    file,
+                    k,
+                    &format!("expected {what}, got {}", clip_lines(&v.to_string())),
+                )
+            };
+            let number = || match v {
+                toml::Value::Float(f) => Some(*f),
+                toml::Value::Integer(i) => Some(*i as f64),
+                _ => None,
+            };
+            match k.as_str() {
+                "delta_ticks" => {
+                    let d = v
+                        .as_integer()
+                        .filter(|d| (0..=i64::from(MAX_DELTA_TICKS)).contains(d))
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "a whole number of ticks in 0..={MAX_DELTA_TICKS} (a simulated day)"
+                            ))
+                        })?;
+                    delta = Some(d as u32);
+                }
+                "loop_s" => {
+                    run.loop_s = number().ok_or_else(|| bad("a number of seconds"))?;
+                    check_loop(file, k, run.loop_s)?;
+                }
+                "stagger_s" => {
+                    run.stagger_s = number().ok_or_else(|| bad("a number of seconds"))?;
+                    check_stagger(file, k, run.stagger_s)?;
+                }
+                "third_site_library" => {
+                    run.third_site_library = v.as_bool().ok_or_else(|| bad("true or false"))?;
+                }
+                "preset" => {
+                    run.preset = v
+                        .as_str()
+                        .ok_or_else(|| bad("a preset's name"))?
+                        .to_string();
+                    check_preset(file, &run.preset)?;
+                }
+                _ => {
+                    return Err(invalid(
+                        file,
+                        k,
+                        &format!(
+                            "not a key of a read-writers run (its keys: {})",
+                            Self::KEYS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        run.delta_ticks = delta.ok_or_else(|| {
+            invalid(
+                file,
+                "delta_ticks",
+                "missing: the sweep's grid or points set Δ (in ticks of 1/60 s)",
+            )
+        })?;
+        Ok(run)
+    }
+
+    /// The simulated operations one run may take, for a sweep's work
+    /// budget: its loop's seconds x [`EVENTS_PER_SECOND`].
+    pub fn work(&self) -> f64 {
+        self.loop_s * EVENTS_PER_SECOND
+    }
+
+    /// Runs it with `seed` (which draws the processes' start phases).
+    pub fn run(&self, seed: u64) -> Result<crate::runs::ReadWritersResult, String> {
+        let p = crate::sim::Preset::by_name(&self.preset).expect("validated preset");
+        let setup = crate::runs::ReadWritersSetup {
+            third_site_library: self.third_site_library,
+            stagger_s: self.stagger_s,
+        };
+        crate::runs::read_writers_run(&p, self.delta_ticks, self.loop_s, &setup, seed)
     }
 }
 

@@ -1,18 +1,50 @@
 //! The reproduction: it runs, it is deterministic, and its specs reject
 //! unknown keys and impossible values by name.
 
+use std::collections::BTreeMap;
+
+use mmulab_mirage::reproduce::Fig8Points;
 use mmulab_mirage::sim::Preset;
-use mmulab_mirage::spec::{self, Fig7Spec, NSiteSpec, Table3Spec};
+use mmulab_mirage::spec::{self, Fig7Spec, NSiteSpec, ReadWritersRun, Table3Spec};
 use mmulab_mirage::{Error, reproduce};
 use mmulab_report::{Basis, Experiments, Provenance, ReproReport, RowKind};
+
+/// Fig. 8's points over `deltas` and seed 0, run here (`mmulab reproduce
+/// fleisch89` runs experiments/fleisch89/fig8.sweep.toml through the sweep
+/// engine instead; tests/sweep.rs checks that file).
+fn fig8_here(deltas: &[u32]) -> Result<Fig8Points, Error> {
+    let base = Experiments::Embedded
+        .read("fleisch89/paper-data/fig8.toml")
+        .unwrap();
+    let rates = deltas
+        .iter()
+        .map(|&d| {
+            let values = BTreeMap::from([("delta_ticks".to_string(), toml::Value::from(d))]);
+            let run = ReadWritersRun::of("fig8.toml", &base, &values)?;
+            Ok(vec![run.run(0).map_err(Error::Liveness)?.instr_per_s])
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(Fig8Points {
+        deltas: deltas.to_vec(),
+        first_seed: 0,
+        rates,
+    })
+}
 
 #[test]
 fn quick_reproduction_writes_json_and_svgs_and_is_deterministic() {
     let dir = std::env::temp_dir().join(format!("mirage-repro-{}", std::process::id()));
     let mut lines = Vec::new();
     let src = Experiments::Embedded;
-    let table =
-        reproduce(&src, true, Some(&dir), &mut |l| lines.push(l.to_string())).expect("reproduce");
+    let deltas = [1, 10, 60, 120, 600, 1200];
+    let table = reproduce(
+        &src,
+        true,
+        Some(&dir),
+        &mut |l| lines.push(l.to_string()),
+        &mut || fig8_here(&deltas),
+    )
+    .expect("reproduce");
     assert!(!lines.is_empty());
     assert!(dir.join("fleisch89-fig7.svg").exists() && dir.join("fleisch89-fig8.svg").exists());
     // Each figure draws the paper's points as a series of their own.
@@ -20,7 +52,10 @@ fn quick_reproduction_writes_json_and_svgs_and_is_deterministic() {
         let csv = std::fs::read_to_string(dir.join(fig)).expect("a CSV beside the SVG");
         assert!(csv.lines().any(|l| l.contains(",paper,")), "{fig}: {csv}");
     }
-    let again = reproduce(&src, true, Some(&dir), &mut |_| {}).expect("reproduce again");
+    let again = reproduce(&src, true, Some(&dir), &mut |_| {}, &mut || {
+        fig8_here(&deltas)
+    })
+    .expect("reproduce again");
     assert_eq!(
         serde_json::to_string(&table).unwrap(),
         serde_json::to_string(&again).unwrap(),
@@ -70,6 +105,75 @@ fn quick_reproduction_writes_json_and_svgs_and_is_deterministic() {
         "every judged row has a unit"
     );
     assert!(!report.not_reproduced.is_empty());
+}
+
+#[test]
+fn a_read_writers_run_takes_its_base_and_names_bad_keys() {
+    let base = Experiments::Embedded
+        .read("fleisch89/paper-data/fig8.toml")
+        .unwrap();
+    let of = |pairs: &[(&str, toml::Value)]| {
+        let values: BTreeMap<String, toml::Value> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        ReadWritersRun::of("fig8.toml", &base, &values)
+    };
+    let r = of(&[("delta_ticks", 600.into())]).unwrap();
+    assert_eq!(
+        (r.delta_ticks, r.loop_s, r.stagger_s, r.third_site_library),
+        (600, 10.0, 0.5, false),
+        "the base's setup"
+    );
+    let r = of(&[("delta_ticks", 6.into()), ("loop_s", 2.5.into())]).unwrap();
+    assert_eq!((r.delta_ticks, r.loop_s), (6, 2.5));
+    for (pairs, key, want) in [
+        (vec![], "delta_ticks", "missing"),
+        (
+            vec![("delta_ticks", (-1).into())],
+            "delta_ticks",
+            "0..=5184000",
+        ),
+        (vec![("delta_ticks", "a".into())], "delta_ticks", "expected"),
+        (
+            vec![("delta_ticks", 1.into()), ("deltas", 1.into())],
+            "deltas",
+            "not a key of a read-writers run",
+        ),
+        (
+            vec![("delta_ticks", 1.into()), ("loop_s", 4000.into())],
+            "loop_s",
+            "at most 3600",
+        ),
+        (
+            vec![("delta_ticks", 1.into()), ("preset", "vax".into())],
+            "preset",
+            "unknown preset",
+        ),
+        (
+            vec![("delta_ticks", 1.into()), ("third_site_library", 1.into())],
+            "third_site_library",
+            "true or false",
+        ),
+    ] {
+        let err = of(&pairs).unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid { key: k, .. } if k == key)
+                && err.to_string().contains(want),
+            "{pairs:?}: {err}"
+        );
+    }
+    // The run is the reproduction's: the same seed, the same throughput.
+    let r = of(&[("delta_ticks", 600.into())]).unwrap();
+    let p = Preset::vax_locus_1989();
+    let setup = mmulab_mirage::runs::ReadWritersSetup {
+        third_site_library: false,
+        stagger_s: 0.5,
+    };
+    assert_eq!(
+        r.run(1).unwrap().instr_per_s,
+        mmulab_mirage::runs::read_writers(&p, 600, 10.0, &setup, 1).unwrap()
+    );
 }
 
 #[test]

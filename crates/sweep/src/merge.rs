@@ -14,6 +14,9 @@ use crate::plan::Kind;
 use crate::store::{Manifest, OutDir, Records, TaskStatus, write_atomic};
 use crate::task::TaskRecord;
 
+/// The oracle column of a task whose simulator has no translation oracle.
+pub const NO_ORACLE: &str = "none";
+
 /// What a merge wrote.
 #[derive(Debug)]
 pub struct Merged {
@@ -23,6 +26,9 @@ pub struct Merged {
     pub summary_rows: usize,
     /// Tasks whose oracle verdict is not `consistent`.
     pub inconsistent: usize,
+    /// Tasks of a simulator with no translation oracle (oracle `none`:
+    /// uhlig94's software-TLB passes count misses and check nothing).
+    pub unchecked: usize,
     /// Tasks whose watchdog reported a liveness failure.
     pub liveness_failures: usize,
     /// The first inconsistent task: its id and first violation.
@@ -51,6 +57,12 @@ pub fn replay(m: &Manifest, dir: &OutDir, task: usize) -> String {
             s.push_str(&format!(" --set seed={} --set runs=1", t.seed));
             s
         }
+        Kind::MirageReadWriters | Kind::SwtlbTrap => format!(
+            "mmulab sweep {} --out DIR (a sweep of this point alone: {}, seeds = {{ start = {}, count = 1 }})",
+            dir.path.join("sweep.toml").display(),
+            p.set.join(", "),
+            t.seed
+        ),
         Kind::Check => format!(
             "mmulab check --protocol {} --start {} --seeds 1",
             p.values.get("protocol").map_or("?", String::as_str),
@@ -159,7 +171,13 @@ pub fn merge(dir: &OutDir) -> Result<Merged, SweepError> {
     for (pi, p) in m.points.iter().enumerate() {
         let seeds = &tasks[pi * per_point..(pi + 1) * per_point];
         debug_assert!(seeds.iter().all(|r| m.tasks[r.task].point == pi));
-        let consistent = seeds.iter().all(|r| r.oracle == "consistent");
+        let verdict = if seeds.iter().any(|r| r.oracle == "inconsistent") {
+            "inconsistent"
+        } else if seeds.iter().all(|r| r.oracle == "consistent") {
+            "consistent"
+        } else {
+            NO_ORACLE
+        };
         let mut by_metric: BTreeMap<&str, (&str, Vec<f64>)> = BTreeMap::new();
         for r in seeds {
             for metric in &r.metrics {
@@ -229,14 +247,7 @@ pub fn merge(dir: &OutDir) -> Result<Merged, SweepError> {
                     format!("{v:?}")
                 });
             }
-            row.push(
-                if consistent {
-                    "consistent"
-                } else {
-                    "inconsistent"
-                }
-                .to_string(),
-            );
+            row.push(verdict.to_string());
             w.write_record(&row).map_err(csv_err(&summary_path))?;
             summary_rows += 1;
         }
@@ -244,8 +255,10 @@ pub fn merge(dir: &OutDir) -> Result<Merged, SweepError> {
     let bytes = w.into_inner().expect("writing to memory");
     write_atomic(&summary_path, &bytes)?;
 
-    let inconsistent: Vec<&&TaskRecord> =
-        tasks.iter().filter(|r| r.oracle != "consistent").collect();
+    let inconsistent: Vec<&&TaskRecord> = tasks
+        .iter()
+        .filter(|r| r.oracle != "consistent" && r.oracle != NO_ORACLE)
+        .collect();
     let check = if m.kind == Kind::Check {
         check_reports(&m, dir, &tasks)
     } else {
@@ -257,6 +270,7 @@ pub fn merge(dir: &OutDir) -> Result<Merged, SweepError> {
         results_rows,
         summary_rows,
         inconsistent: inconsistent.len(),
+        unchecked: tasks.iter().filter(|r| r.oracle == NO_ORACLE).count(),
         liveness_failures: tasks.iter().filter(|r| r.liveness.is_some()).count(),
         first_inconsistent: inconsistent
             .first()

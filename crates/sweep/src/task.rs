@@ -160,6 +160,30 @@ fn run_metrics(r: &Results) -> Vec<Metric> {
     m.list
 }
 
+/// The tidy metrics of a raw outcome whose figures and counters are the
+/// whole result (a Mirage read-writers run: its throughput, simulated
+/// length and counters; a swtlb trap pass: each setup's seconds, counting
+/// cycles and misses by type).
+fn raw_metrics(raw: &mmulab_experiment::sweep::Raw) -> Vec<Metric> {
+    let mut m = Metrics {
+        list: Vec::new(),
+        seen: BTreeSet::new(),
+    };
+    for (k, v) in &raw.figures {
+        let unit = match k.as_str() {
+            "read_write_instr_per_s" => "instr/s",
+            "simulated_s" => "s",
+            k if k.ends_with("tlb_seconds") => "s",
+            k => unit_of(k),
+        };
+        m.push(k.clone(), float(*v), unit);
+    }
+    for (k, v) in &raw.counters.0 {
+        m.count(k, *v);
+    }
+    m.list
+}
+
 struct Outcome {
     oracle: String,
     metrics: Vec<Metric>,
@@ -200,6 +224,20 @@ fn run_one(sweep: &Sweep, task: Task) -> Outcome {
                 note,
                 liveness,
                 raw,
+            }
+        }
+        Kind::MirageReadWriters | Kind::SwtlbTrap => {
+            // The same raw outcome the reproduction reads; a run past the
+            // simulator's event bound (a livelock) panics into a failed
+            // record, named by the merge.
+            let raw =
+                mmulab_experiment::sweep::raw_of(sweep, task).unwrap_or_else(|e| panic!("{e}"));
+            Outcome {
+                oracle: raw.verdict.clone(),
+                metrics: raw_metrics(&raw),
+                note: None,
+                liveness: None,
+                raw: sweep.raw.as_ref().map(|_| raw),
             }
         }
         Kind::Check => {

@@ -1,13 +1,32 @@
 //! Paper reproductions: `mmulab reproduce PAPER`. Each reads its specs from
 //! `experiments/PAPER/`, where the paper's numbers sit in a `[paper]`
 //! table beside the spec, runs them, and returns the shared rows. The
-//! grids of black89 Fig. 2, balan92 Figs. 1-4 and romanescu10 Figs. 7-8
-//! are sweep files (`experiments/PAPER/*.sweep.toml`, the format of
+//! grids of black89 Fig. 2, balan92 Figs. 1-4, romanescu10 Figs. 7-8,
+//! fleisch89 Fig. 8 and uhlig94's Tables II/V/VI and VIII and Figs. 5, 7
+//! and 8 are
+//! sweep files (`experiments/PAPER/*.sweep.toml`, the format of
 //! `mmulab sweep`), whose tasks a [`Backend`] runs ([`run_sweep`]): this
-//! process's threads, or a Slurm job array.
+//! process's threads, or a Slurm job array:
+//!
+//! - `black89/fig2.sweep.toml`
+//! - `balan92/fig1-basic.sweep.toml`, `fig2-lazy.sweep.toml`,
+//!   `fig3-immediate.sweep.toml`, `fig4-fork.sweep.toml`
+//! - `romanescu10/fig7-single-unmap.sweep.toml`,
+//!   `fig8-multiple-unmap.sweep.toml`
+//! - `fleisch89/fig8.sweep.toml` (`kind = "mirage-read-writers"`: each
+//!   task one run of the Mirage simulator, [`fleisch89`])
+//! - `uhlig94/systems.sweep.toml`, `fig5.sweep.toml`, `fig7.sweep.toml`,
+//!   `fig8.sweep.toml`
+//!   (`kind = "swtlb-trap"`: each task one trap-driven pass of the
+//!   software-TLB simulator, [`uhlig94::TrapRun`])
+//!
+//! A sweep file's `kind` says which simulator runs its tasks
+//! ([`crate::sweep::Kind`]; [`crate::sweep::raw_of`] runs one task of any
+//! kind and returns its raw outcome, whatever the backend).
 
 pub mod balan92;
 pub mod black89;
+pub mod fleisch89;
 pub mod romanescu10;
 pub mod uhlig94;
 
@@ -35,13 +54,13 @@ pub trait Backend: Sync {
 pub struct Local;
 
 impl Backend for Local {
-    fn run(&self, _rel: &str, sweep: &Sweep) -> Result<Vec<Raw>, SpecError> {
-        let hists = sweep.raw.clone().unwrap_or_default();
-        Ok((0..sweep.task_count())
+    fn run(&self, rel: &str, sweep: &Sweep) -> Result<Vec<Raw>, SpecError> {
+        (0..sweep.task_count())
             .into_par_iter()
             .with_max_len(1)
-            .map(|i| Raw::of(&crate::sweep::run_seed_of(sweep, sweep.task(i)), &hists))
-            .collect())
+            .map(|i| crate::sweep::raw_of(sweep, sweep.task(i)))
+            .collect::<Result<Vec<Raw>, String>>()
+            .map_err(|e| SpecError::Invalid(format!("{rel}: {e}")))
     }
 }
 
@@ -74,9 +93,9 @@ pub fn load_sweep(src: &Experiments, rel: &str, quick: bool) -> Result<Sweep, Sp
         Ok(crate::sweep::base_of(src.origin(&brel), text))
     };
     let sweep = Sweep::parse_with(&text, &origin, quick, &read_base).map_err(spec_error)?;
-    if sweep.kind != crate::sweep::Kind::Run || sweep.raw.is_none() {
+    if !sweep.kind.has_base() || sweep.raw.is_none() {
         return Err(SpecError::Invalid(format!(
-            "{origin}: a reproduction's sweep file runs its base (no `kind`) and names the histograms its rows read (`raw = [...]`, maybe empty)"
+            "{origin}: a reproduction's sweep file runs its base (no `kind`, or a simulator's kind such as \"mirage-read-writers\") and names the histograms its rows read (`raw = [...]`, maybe empty)"
         )));
     }
     Ok(sweep)

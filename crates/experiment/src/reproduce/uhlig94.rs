@@ -570,10 +570,233 @@ impl PaperNumbers {
     }
 }
 
+/// The sweep file of Tables II, V and VI's runs: the seven stand-ins on
+/// the five OS models, each a trap-driven pass of the R2000 as the systems
+/// use it, three seeds (`kind = "swtlb-trap"`, base `paper-data/shape.toml`).
+pub const SYSTEMS: &str = "uhlig94/systems.sweep.toml";
+
+/// One trap-driven pass of `mmulab-swtlb` (the Tapeworm way: one pass
+/// over a stand-in's references, every TLB configuration of the pass at
+/// once): a task of a uhlig94 sweep file (`kind = "swtlb-trap"`). Its base
+/// is `uhlig94/paper-data/shape.toml`, which gives the OS models'
+/// parameters, the stand-ins and the real TLB's slots; a point sets `os`
+/// and `workload`, and may set `lower`, the partition points of the pass
+/// (default 8), and `placement`, the placement policies (`A`-`D`, default
+/// A): one setup for each partition point and policy, in that order, as
+/// the R2000 has it otherwise (64 slots).
+#[derive(Clone, Debug)]
+pub struct TrapRun {
+    pub os: OsKind,
+    params: OsParams,
+    workload: Workload,
+    real_slots: usize,
+    setups: Vec<TlbSetup>,
+    /// Each setup's metric prefix: empty for the one default setup,
+    /// `lower{L}.` when the point sets `lower`.
+    prefixes: Vec<String>,
+}
+
+impl TrapRun {
+    /// The keys a sweep point may set.
+    pub const KEYS: [&'static str; 4] = ["lower", "os", "placement", "workload"];
+
+    /// The pass of `base` (shape.toml's text; `origin` names it) with a
+    /// point's `values`. Errors name the key.
+    pub fn of(
+        origin: &str,
+        base: &str,
+        values: &BTreeMap<String, toml::Value>,
+    ) -> Result<TrapRun, SpecError> {
+        let shape = Shape::parse(base, origin, false)?;
+        let key = |k: &str| -> Result<&str, SpecError> {
+            values
+                .get(k)
+                .ok_or_else(|| {
+                    invalid(format!("{k}: missing (the sweep's grid or points set it)"))
+                })?
+                .as_str()
+                .ok_or_else(|| invalid(format!("{k}: expected a string")))
+        };
+        if let Some(k) = values.keys().find(|k| !Self::KEYS.contains(&k.as_str())) {
+            return Err(invalid(format!(
+                "{k}: not a key of a trap-driven pass (its keys: {})",
+                Self::KEYS.join(", ")
+            )));
+        }
+        let os_key = key("os")?;
+        let os = OsKind::from_key(os_key).ok_or_else(|| {
+            invalid(format!(
+                "os: unknown OS `{os_key}` (ultrix, osf1, mach3, afsin, afsout)"
+            ))
+        })?;
+        let w = key("workload")?;
+        let workload = shape.workloads.get(w).cloned().ok_or_else(|| {
+            invalid(format!(
+                "workload: no stand-in `{w}` in the base (it has: {})",
+                shape
+                    .workloads
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let list = |k: &str| -> Vec<toml::Value> {
+            match values.get(k) {
+                None => Vec::new(),
+                Some(toml::Value::Array(a)) => a.clone(),
+                Some(v) => vec![v.clone()],
+            }
+        };
+        let mut lowers = Vec::new();
+        for x in list("lower") {
+            match x.as_integer() {
+                Some(l) if (0..64).contains(&l) && !lowers.contains(&(l as usize)) => {
+                    lowers.push(l as usize)
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "lower: expected distinct partition points in 0..64 (or one), got {}",
+                        values["lower"]
+                    )));
+                }
+            }
+        }
+        let mut placements = Vec::new();
+        for x in list("placement") {
+            match x.as_str().and_then(Placement::from_name) {
+                Some(p) if !placements.contains(&p) => placements.push(p),
+                _ => {
+                    return Err(invalid(format!(
+                        "placement: expected distinct policies of A, B, C, D (or one), got {}",
+                        values["placement"]
+                    )));
+                }
+            }
+        }
+        for (k, empty) in [
+            ("lower", lowers.is_empty()),
+            ("placement", placements.is_empty()),
+        ] {
+            if empty && values.contains_key(k) {
+                return Err(invalid(format!("{k}: an empty list")));
+            }
+        }
+        // Metric prefixes name what the point sets: `lower8.`, `B.`,
+        // `lower8.B.`; none for the one default setup.
+        let (by_lower, by_placement) = (!lowers.is_empty(), !placements.is_empty());
+        if !by_lower {
+            lowers.push(TlbSetup::default().lower);
+        }
+        if !by_placement {
+            placements.push(TlbSetup::default().placement);
+        }
+        let mut setups = Vec::new();
+        let mut prefixes = Vec::new();
+        for &l in &lowers {
+            for &p in &placements {
+                setups.push(setup_at(l, p));
+                let mut prefix = String::new();
+                if by_lower {
+                    prefix.push_str(&format!("lower{l}."));
+                }
+                if by_placement {
+                    prefix.push_str(&format!("{p:?}."));
+                }
+                prefixes.push(prefix);
+            }
+        }
+        for (s, l) in setups.iter().zip(&prefixes) {
+            s.validate(&format!("lower {l}"))
+                .map_err(|e| invalid(format!("lower: {e}")))?;
+        }
+        Ok(TrapRun {
+            os,
+            params: shape.os[os.key()].clone(),
+            workload,
+            real_slots: shape.real_slots,
+            setups,
+            prefixes,
+        })
+    }
+
+    /// The partition points of the pass, in order.
+    pub fn lowers(&self) -> Vec<usize> {
+        let mut l: Vec<usize> = Vec::new();
+        for s in &self.setups {
+            if !l.contains(&s.lower) {
+                l.push(s.lower);
+            }
+        }
+        l
+    }
+
+    /// Runs the pass with `seed` (the stand-in's references and the OS
+    /// model's draws). Its raw outcome: each setup's misses by type as
+    /// counters (`misses.L1U`, ...), and as figures its fn. 8 counting
+    /// cycles (`extra_cycles`) and its seconds of miss handling under
+    /// the OS's Table III column (`tlb_seconds`).
+    pub fn run(&self, seed: u64) -> Result<crate::sweep::Raw, String> {
+        let ev = self.workload.generate(seed);
+        let stream = OsModel::new(self.os, self.params.clone(), seed).expand(&ev);
+        let costs = CostPreset::decstation3100_1994(self.os.cost_column());
+        let (outs, _) = simulate_trap(
+            &stream,
+            self.os,
+            &self.setups,
+            &costs,
+            seed,
+            self.real_slots,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut counters = mmulab_engine::Counters::default();
+        let mut figures = BTreeMap::new();
+        for (o, p) in outs.iter().zip(&self.prefixes) {
+            for t in MissType::ALL {
+                counters.add(&format!("{p}misses.{}", t.name()), o.count(t));
+            }
+            figures.insert(format!("{p}extra_cycles"), o.extra_cycles);
+            figures.insert(format!("{p}tlb_seconds"), o.seconds(&costs));
+        }
+        Ok(crate::sweep::Raw {
+            seed,
+            end_cycles: 0,
+            timed_out: false,
+            violations: 0,
+            counters,
+            samples: BTreeMap::new(),
+            figures,
+            // No translation oracle here: the passes count misses (the
+            // sweep's oracle column says `none`).
+            verdict: "none".into(),
+        })
+    }
+}
+
+/// The outcome of a [`TrapRun`] setup (`prefix`) read back from its raw
+/// outcome: the same counts and counting cycles, so the same bits.
+fn outcome_of(raw: &crate::sweep::Raw, prefix: &str) -> Result<Outcome, SpecError> {
+    let mut o = Outcome::default();
+    for t in MissType::ALL {
+        o.counts[t.index()] = raw.counters.get(&format!("{prefix}misses.{}", t.name()));
+    }
+    o.extra_cycles = *raw
+        .figures
+        .get(&format!("{prefix}extra_cycles"))
+        .ok_or_else(|| {
+            invalid(format!(
+                "seed {}: no {prefix}extra_cycles in the raw outcome",
+                raw.seed
+            ))
+        })?;
+    Ok(o)
+}
+
 /// The simulated rows' inputs.
 struct Shape {
     seeds: Vec<u64>,
     real_slots: usize,
+    quick_scale: f64,
     os: BTreeMap<&'static str, OsParams>,
     workloads: BTreeMap<String, Workload>,
     dynamic: DynamicPartition,
@@ -610,7 +833,18 @@ fn from_toml<T: serde::de::DeserializeOwned>(v: toml::Value, what: &str) -> Resu
 impl Shape {
     fn load(src: &Experiments, rel: &str, quick: bool) -> Result<Shape, SpecError> {
         let origin = src.origin(rel);
-        let mut doc = load_toml(src, rel)?;
+        let text = src
+            .read(rel)
+            .map_err(|e| SpecError::Invalid(e.to_string()))?;
+        Shape::parse(&text, &origin, quick)
+    }
+
+    /// shape.toml's text; `origin` names it in errors.
+    fn parse(text: &str, origin: &str, quick: bool) -> Result<Shape, SpecError> {
+        let origin = origin.to_string();
+        let mut doc: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| invalid(format!("{origin}: {e}")))?;
         let known = [
             "seeds",
             "real_slots",
@@ -642,7 +876,8 @@ impl Shape {
             seeds.truncate(1);
         }
         let real_slots = top.num("real_slots")? as usize;
-        let scale = if quick { top.num("quick_scale")? } else { 1.0 };
+        let quick_scale = top.num("quick_scale")?;
+        let scale = if quick { quick_scale } else { 1.0 };
         if !(scale > 0.0 && scale <= 1.0) {
             return Err(invalid(format!("{origin}: quick_scale: must be in (0, 1]")));
         }
@@ -750,6 +985,7 @@ impl Shape {
         Ok(Shape {
             seeds,
             real_slots,
+            quick_scale,
             os,
             workloads,
             dynamic,
@@ -1275,16 +1511,175 @@ pub fn presets() -> Vec<(String, String, String)> {
     )]
 }
 
+/// Fig. 5's sweep file: the mab stand-in under OSF/1, Mach 3.0 and
+/// Mach3+AFSout, one pass over 4-16 lower slots each.
+pub const FIG5: &str = "uhlig94/fig5.sweep.toml";
+/// Fig. 7's sweep file: ousterhout under the three Mach systems, and
+/// compress, video_play and mpeg_play under Mach 3.0, one pass over
+/// 4-30 lower slots (even) each.
+pub const FIG7: &str = "uhlig94/fig7.sweep.toml";
+
+/// Table VIII and Fig. 8's sweep file: ousterhout under Mach 3.0, one pass
+/// over the four placements at 8 lower slots (Table VIII), and one pass
+/// over 4-32 lower slots (even) for each of placements A, B and C (Fig. 8).
+pub const FIG8: &str = "uhlig94/fig8.sweep.toml";
+
+/// A sweep of partition passes (`lower` lists) run through the engine.
+struct Passes {
+    rel: &'static str,
+    run: super::SweepRun,
+    /// The pass's partition points (the same list at every point).
+    lowers: Vec<usize>,
+}
+
+impl Passes {
+    /// Checks the sweep file `rel` (kind, keys, seeds, one `lower` list).
+    fn check(
+        rel: &'static str,
+        sweep: &crate::sweep::Sweep,
+        shape: &Shape,
+    ) -> Result<Vec<usize>, SpecError> {
+        check_pass_sweep(rel, sweep, shape, &["lower", "os", "workload"])?;
+        let lists: Vec<&toml::Value> = sweep.points.iter().map(|p| &p.values["lower"]).collect();
+        let lowers: Option<Vec<usize>> = match lists[0] {
+            toml::Value::Array(a) => a
+                .iter()
+                .map(|v| v.as_integer().map(|l| l as usize))
+                .collect(),
+            _ => None,
+        };
+        match lowers {
+            Some(l) if lists.iter().all(|v| *v == lists[0]) => Ok(l),
+            _ => Err(invalid(format!(
+                "{rel}: `lower` is one list of partition points, the same at every point (the figure's x axis)"
+            ))),
+        }
+    }
+
+    fn run(
+        src: &Experiments,
+        rel: &'static str,
+        quick: bool,
+        backend: &dyn super::Backend,
+        shape: &Shape,
+    ) -> Result<Passes, SpecError> {
+        let run = super::run_sweep(src, rel, quick, backend)?;
+        let lowers = Passes::check(rel, &run.sweep, shape)?;
+        Ok(Passes { rel, run, lowers })
+    }
+
+    /// The setups' outcomes of `os` on `w` (one per partition point), as
+    /// `Shape::run` aggregates them.
+    fn aggs(&self, os: OsKind, w: &str, shape: &Shape) -> Result<Vec<Agg>, SpecError> {
+        let at = [
+            ("os", toml::Value::from(os.key())),
+            ("workload", toml::Value::from(w)),
+        ];
+        pass_aggs(&self.run, self.rel, &at, os, shape)
+    }
+}
+
+/// The setups' outcomes of the one point of `run` at `at` (a pass under
+/// `os`), in the pass's setup order, aggregated over the seeds as
+/// `Shape::run` aggregates them.
+fn pass_aggs(
+    run: &super::SweepRun,
+    rel: &str,
+    at: &[(&str, toml::Value)],
+    os: OsKind,
+    shape: &Shape,
+) -> Result<Vec<Agg>, SpecError> {
+    let i = run
+        .point(at)
+        .ok_or_else(|| invalid(format!("{rel}: no point {at:?}")))?;
+    let trap = run.sweep.points[i]
+        .trap
+        .as_ref()
+        .ok_or_else(|| invalid(format!("{rel}: not a swtlb-trap sweep")))?;
+    if trap.os != os {
+        return Err(invalid(format!(
+            "{rel}: point {i} is not under {}",
+            os.key()
+        )));
+    }
+    let results = run
+        .of_point(i)
+        .iter()
+        .map(|raw| {
+            trap.prefixes
+                .iter()
+                .map(|p| outcome_of(raw, p))
+                .collect::<Result<Vec<Outcome>, SpecError>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(aggregate(
+        &results,
+        trap.prefixes.len(),
+        shape.seeds.len(),
+        &shape.costs(os),
+    ))
+}
+
+/// Checks that a uhlig94 sweep runs shape.toml's stand-ins and seeds over
+/// `columns`: its rows sit beside the other stages', which take their
+/// seeds from there.
+fn check_pass_sweep(
+    rel: &str,
+    sweep: &crate::sweep::Sweep,
+    shape: &Shape,
+    columns: &[&str],
+) -> Result<(), SpecError> {
+    let want_seeds =
+        (shape.seeds[0]..shape.seeds[0] + shape.seeds.len() as u64).collect::<Vec<_>>();
+    let seeds: Vec<u64> = (sweep.seeds.start..sweep.seeds.start + sweep.seeds.count).collect();
+    if sweep.kind != crate::sweep::Kind::SwtlbTrap
+        || sweep.columns != columns
+        || seeds != shape.seeds
+        || shape.seeds != want_seeds
+    {
+        return Err(invalid(format!(
+            "{rel}: this sweep runs `kind = \"swtlb-trap\"` over {columns:?} with shape.toml's seeds ({:?}); this one is `{}` over {:?} with seeds {seeds:?}",
+            shape.seeds,
+            sweep.kind.name(),
+            sweep.columns
+        )));
+    }
+    if shape.quick_scale != 1.0 {
+        return Err(invalid(format!(
+            "{rel}: shape.toml's quick_scale is {} but the sweep's passes run the stand-ins unscaled; keep quick_scale = 1.0",
+            shape.quick_scale
+        )));
+    }
+    Ok(())
+}
+
 pub fn reproduce(
     src: &Experiments,
     quick: bool,
     out: Option<&Path>,
+    backend: &dyn super::Backend,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<ReproTable, SpecError> {
     let mut table = ReproTable::default();
     progress("Tables II, V, VI, VII and §4.2 from the paper's published counts and costs");
     exact_rows(src, TABLES, &mut table)?;
     let shape = Shape::load(src, SHAPE, quick)?;
+    // Every sweep file checked before the first stage runs.
+    check_pass_sweep(
+        SYSTEMS,
+        &super::load_sweep(src, SYSTEMS, quick)?,
+        &shape,
+        &["os", "workload"],
+    )?;
+    for rel in [FIG5, FIG7] {
+        Passes::check(rel, &super::load_sweep(src, rel, quick)?, &shape)?;
+    }
+    check_pass_sweep(
+        FIG8,
+        &super::load_sweep(src, FIG8, quick)?,
+        &shape,
+        &["lower", "os", "placement", "workload"],
+    )?;
     table.calibration.extend(shape.calibration.clone());
     table.seeds(shape.seeds[0], shape.seeds.len() as u64);
     let paper = PaperNumbers::load(src, TABLES)?;
@@ -1296,11 +1691,28 @@ pub fn reproduce(
     let mut plots: Vec<(&str, LinePlot)> = Vec::new();
 
     progress("Tables II, V, VI in shape: the seven stand-ins on five OS models");
+    // experiments/uhlig94/systems.sweep.toml, through the sweep engine.
+    let systems = super::run_sweep(src, SYSTEMS, quick, backend)?;
     let mut per_os = Vec::new();
     for os in OsKind::ALL {
-        let a = shape
-            .run(os, &suite, &[TlbSetup::default()], &shape.costs(os))?
-            .remove(0);
+        // Workloads outer, seeds inner, as `Shape::run` orders its jobs.
+        let mut results: Vec<Vec<Outcome>> = Vec::new();
+        for w in &suite {
+            let at = [
+                ("os", toml::Value::from(os.key())),
+                ("workload", toml::Value::from(*w)),
+            ];
+            let i = systems.point(&at).ok_or_else(|| {
+                invalid(format!(
+                    "{SYSTEMS}: no point os = {}, workload = {w}",
+                    os.key()
+                ))
+            })?;
+            for raw in systems.of_point(i) {
+                results.push(vec![outcome_of(raw, "")?]);
+            }
+        }
+        let a = aggregate(&results, 1, shape.seeds.len(), &shape.costs(os)).remove(0);
         per_os.push(a);
     }
     // The same stand-ins on the R2000 itself (mmulab_swtlb::r2000: 8 wired slots, fills at
@@ -1525,8 +1937,9 @@ pub fn reproduce(
     }
 
     progress("Fig. 5: L2 miss time vs lower slots (mab stand-in)");
-    let lowers: Vec<usize> = (4..=16).collect();
-    let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, Placement::A)).collect();
+    // experiments/uhlig94/fig5.sweep.toml, through the sweep engine.
+    let fig5 = Passes::run(src, FIG5, quick, backend, &shape)?;
+    let lowers = fig5.lowers.clone();
     let knees = pk.sub("fig5_knee")?;
     let mut knee_found = Vec::new();
     let mut fig6 = None;
@@ -1536,7 +1949,7 @@ pub fn reproduce(
         "L2 time (s)",
     );
     for os in [OsKind::Osf1, OsKind::Mach3, OsKind::Mach3AfsOut] {
-        let r = shape.run(os, &["mab"], &setups, &shape.costs(os))?;
+        let r = fig5.aggs(os, "mab", &shape)?;
         let l2: Vec<f64> = r
             .iter()
             .map(|a| a.secs_by_type[MissType::L2.index()])
@@ -1601,8 +2014,9 @@ pub fn reproduce(
     }
 
     progress("Fig. 7: optimal partition points");
-    let lowers: Vec<usize> = (4..=30).step_by(2).collect();
-    let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, Placement::A)).collect();
+    // experiments/uhlig94/fig7.sweep.toml, through the sweep engine.
+    let fig7 = Passes::run(src, FIG7, quick, backend, &shape)?;
+    let lowers = fig7.lowers.clone();
     let optimum_note = |o: usize, live: usize| {
         let first = first_holding(&lowers, live);
         format!(
@@ -1622,7 +2036,7 @@ pub fn reproduce(
         "TLB time (s)",
     );
     for os in [OsKind::Mach3, OsKind::Mach3AfsIn, OsKind::Mach3AfsOut] {
-        let r = shape.run(os, &["ousterhout"], &setups, &shape.costs(os))?;
+        let r = fig7.aggs(os, "ousterhout", &shape)?;
         let t: Vec<f64> = r.iter().map(|a| a.seconds).collect();
         let o = argmin(&lowers, &t);
         opt.push(o);
@@ -1664,7 +2078,7 @@ pub fn reproduce(
         "TLB time (s)",
     );
     for w in ["compress", "video_play", "mpeg_play"] {
-        let r = shape.run(OsKind::Mach3, &[w], &setups, &shape.costs(OsKind::Mach3))?;
+        let r = fig7.aggs(OsKind::Mach3, w, &shape)?;
         let t: Vec<f64> = r.iter().map(|a| a.seconds).collect();
         let o = argmin(&lowers, &t);
         opt.push(o);
@@ -1695,12 +2109,21 @@ pub fn reproduce(
     );
 
     progress("Table VIII / Fig. 8: placement policies A-D (Mach3, ousterhout)");
-    let pol = [Placement::A, Placement::B, Placement::C, Placement::D];
-    let r = shape.run(
+    // experiments/uhlig94/fig8.sweep.toml, through the sweep engine.
+    let fig8 = super::run_sweep(src, FIG8, quick, backend)?;
+    let mach3 = ("os", toml::Value::from(OsKind::Mach3.key()));
+    let ousterhout = ("workload", toml::Value::from("ousterhout"));
+    let placements = |ps: &[&str]| ("placement", toml::Value::from(ps.to_vec()));
+    let r = pass_aggs(
+        &fig8,
+        FIG8,
+        &[
+            mach3.clone(),
+            ousterhout.clone(),
+            placements(&["A", "B", "C", "D"]),
+        ],
         OsKind::Mach3,
-        &["ousterhout"],
-        &pol.map(|p| setup_at(8, p)),
-        &shape.costs(OsKind::Mach3),
+        &shape,
     )?;
     table8_rows(
         &mut table,
@@ -1742,7 +2165,6 @@ pub fn reproduce(
             .arithmetic(),
         );
     }
-    let lowers: Vec<usize> = (4..=32).step_by(2).collect();
     let mut best = Vec::new();
     let mut plot = LinePlot::new(
         "uhlig94 Fig. 8 (stand-in): placement policies, Mach3, ousterhout",
@@ -1754,13 +2176,18 @@ pub fn reproduce(
         (Placement::B, "policy B"),
         (Placement::C, "policy C"),
     ] {
-        let setups: Vec<TlbSetup> = lowers.iter().map(|&l| setup_at(l, p)).collect();
-        let r = shape.run(
-            OsKind::Mach3,
-            &["ousterhout"],
-            &setups,
-            &shape.costs(OsKind::Mach3),
-        )?;
+        let at = [
+            mach3.clone(),
+            ousterhout.clone(),
+            placements(&[&format!("{p:?}")]),
+        ];
+        let r = pass_aggs(&fig8, FIG8, &at, OsKind::Mach3, &shape)?;
+        let i = fig8.point(&at).expect("pass_aggs found it");
+        let lowers = fig8.sweep.points[i]
+            .trap
+            .as_ref()
+            .expect("a swtlb-trap point")
+            .lowers();
         best.push(r.iter().map(|a| a.seconds).fold(f64::INFINITY, f64::min));
         plot.add(ci_series(name, &lowers, &r, |s| s.seconds));
     }
@@ -2824,7 +3251,11 @@ mod tests {
             .replace("rounds = 300", "rounds = 20")
             .replace("enabled = true", "enabled = false");
         std::fs::write(d.join("shape.toml"), shape).unwrap();
-        let t = reproduce(&edited(&d), true, Some(&out), &|_| {}).unwrap();
+        for rel in [SYSTEMS, FIG5, FIG7, FIG8] {
+            let name = rel.strip_prefix("uhlig94/").unwrap();
+            std::fs::copy(dir().join("..").join(name), root(&d).join(rel)).unwrap();
+        }
+        let t = reproduce(&edited(&d), true, Some(&out), &super::super::Local, &|_| {}).unwrap();
         assert!(t.rows.len() > 150, "{} rows", t.rows.len());
         for r in &t.rows {
             if r.basis == Basis::Arithmetic && r.kind == RowKind::Numeric {
@@ -2881,9 +3312,13 @@ mod tests {
         let out = std::env::var("UHLIG94_OUT")
             .ok()
             .map(std::path::PathBuf::from);
-        let t = reproduce(&Experiments::Embedded, quick, out.as_deref(), &|s| {
-            eprintln!("{s}")
-        })
+        let t = reproduce(
+            &Experiments::Embedded,
+            quick,
+            out.as_deref(),
+            &super::super::Local,
+            &|s| eprintln!("{s}"),
+        )
         .unwrap();
         for r in &t.rows {
             println!("{r:?}");
