@@ -400,6 +400,13 @@ enum HostCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     ui::set_quiet(cli.quiet);
+    // Output piped into `head` and closed: end quietly, as Unix tools do,
+    // instead of panicking on EPIPE. Not for the DSM and the host
+    // benchmarks, whose sockets and children must see EPIPE as an error.
+    if !matches!(cli.command, Command::Dsm(_) | Command::Host(_)) {
+        // SAFETY: restores the default action before any thread starts.
+        unsafe { nix::libc::signal(nix::libc::SIGPIPE, nix::libc::SIG_DFL) };
+    }
     match dispatch(cli.command) {
         Ok(code) => code,
         Err(e) => {

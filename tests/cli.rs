@@ -805,3 +805,22 @@ fn reproduce_fleisch89_reads_its_specs_from_experiments() {
         "{err}"
     );
 }
+
+/// Output into a pipe whose reader is gone (`mmulab list | head -1`): the
+/// command ends as Unix tools do (SIGPIPE), not with a panic on EPIPE.
+#[test]
+fn a_closed_output_pipe_ends_the_command_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mmulab"))
+        .arg("list")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the child writes anything.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(13), "{:?}; {err}", out.status);
+}
