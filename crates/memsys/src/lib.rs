@@ -327,16 +327,6 @@ impl MemSystem {
         self.checker.first_violation()
     }
 
-    /// Host-only hint: brings what an access by `core` to `pa` through its
-    /// L1D reads first (the set's tags and payloads) closer. No effect on
-    /// the model.
-    #[inline]
-    pub fn prefetch_l1d(&self, core: usize, pa: u64) {
-        if let Some(c) = self.l1d.get(core) {
-            c.prefetch_set(pa >> self.shift);
-        }
-    }
-
     /// One access by `core` to physical address `pa`; returns its latency
     /// in cycles. TLB entries to invalidate (PCAM matches, L2 recalls) are
     /// appended to `probes`.

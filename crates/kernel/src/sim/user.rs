@@ -116,14 +116,6 @@ fn prefetch_slice(w: &World, cpu: CpuId) {
     if let Some(th) = c.thread.and_then(|t| w.threads.get(t.0 as usize)) {
         mmulab_machine::prefetch(&th.batch);
         mmulab_machine::prefetch(&th.last_load);
-        // With caches: the L1D set of the reference after the one in
-        // flight, when it is on the same page (its frame is known).
-        if let (Some(f), Some(b), Some(ms)) = (&c.inflight, &th.batch, &w.memsys) {
-            let next = (f.va & (PAGE_SIZE - 1)).checked_add(b.refs.stride);
-            if let Some(next) = next.filter(|&n| n < PAGE_SIZE) {
-                ms.prefetch_l1d(cpu.index(), (f.pfn.0 << PAGE_SHIFT) | (next & !7));
-            }
-        }
     }
 }
 
