@@ -257,18 +257,20 @@ fn run_batch<const MEM: bool>(
     let l1_hit = w.l1_hit;
     let mut more = b.pos < refs.count;
     // The page and TLB slot the last reference translated through, while
-    // the batch stays on that page (flat memory only; see `translate_again`).
+    // the batch stays on that page (see `translate_again`); not under
+    // romanescu10 §6.3's ideal invalidation, whose every hit checks its PTE.
+    let reuse = !MEM || !matches!(w.tlb_hw, TlbHardware::Ideal);
     let mut last: Option<(Vpn, usize)> = None;
     while more && w.cpus[ci].local < end {
         let va = b.va;
         let vpn = Vpn(va >> PAGE_SHIFT);
         let tr = match last {
-            Some((v, slot)) if !MEM && v == vpn => translate_again(w, cpu, tid, va, store, slot),
+            Some((v, slot)) if v == vpn => translate_again(w, cpu, tid, va, store, slot),
             _ => None,
         };
         match tr.map_or_else(|| translate::<MEM>(w, cpu, tid, va, store), Ok) {
             Ok((pfn, slot)) => {
-                if !MEM {
+                if reuse {
                     last = Some((vpn, slot));
                 }
                 let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -367,17 +369,20 @@ fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> 
 }
 
 /// The next reference of a batch on the page its last reference
-/// translated through `slot`, on flat memory: between the two, only this
-/// CPU ran, and only its own loop touched the world, through references
-/// that neither write page tables (a user store to a table frame is a wild
-/// access and changes nothing) nor touch the TLB beyond the lookup's hit
-/// bookkeeping. So the entry in `slot` is the one a lookup would find,
-/// and it is used as `translate` would use it: the hit recorded, the
-/// oracle checking the use (the count of checked uses is unchanged). A
-/// store through an entry that is not yet writable and dirty goes the
-/// full way (`None`), since that path walks and may trap. With a cache
-/// hierarchy (not this path) a PCAM or the ideal check can invalidate the
-/// entry between references.
+/// translated through `slot`: between the two, only this CPU ran, and
+/// only its own loop touched the world, through references that neither
+/// write page tables (a user store to a table frame is a wild access and
+/// changes nothing) nor touch the TLB beyond the lookup's hit
+/// bookkeeping. With a cache hierarchy the reference's access may also
+/// have invalidated TLB entries (PCAM hits and recalls under UNITD: they
+/// clear `valid` and insert nothing). So a still valid entry in `slot` is
+/// the one a lookup would find, and it is used as `translate` would use
+/// it: the hit recorded, the oracle checking the use (the count of checked
+/// uses is unchanged). An invalidated entry, or a store through an entry
+/// that is not yet writable and dirty, goes the full way (`None`), since
+/// that path walks and may trap. Not under §6.3's ideal invalidation,
+/// whose every hit walks to check its PTE (`run_batch` does not call it
+/// there).
 #[inline(always)]
 fn translate_again(
     w: &mut World,
