@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{PageRef, Result, TraceError, page_shift};
+use crate::{AccessKind, PageRef, Result, TraceError, page_shift};
 
 /// Replacement policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -327,6 +327,15 @@ impl Tlb {
                 self.filter[i] = EMPTY;
             }
         }
+    }
+
+    /// One page reference of `kind`, counted as [`Tlb::run`] counts it.
+    #[inline]
+    pub fn reference(&mut self, vpn: u64, kind: AccessKind) {
+        let hit = self.access(vpn);
+        let k = kind as usize;
+        self.refs_by_kind[k] += 1;
+        self.misses_by_kind[k] += !hit as u64;
     }
 
     /// Simulates a batch of references.
