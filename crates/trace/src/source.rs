@@ -7,8 +7,9 @@ use std::path::Path;
 
 use crate::binary::BinaryReader;
 use crate::dinero::DineroDecoder;
-use crate::input::Input;
+use crate::input::{Compression, Input};
 use crate::lackey::{LackeyDecoder, LackeySink, LineKind, PageSplitter};
+use crate::mapped::{Mapped, PIECE};
 use crate::sim::{SimOptions, SimResult, Tlb};
 use crate::{AccessKind, PageRef, Result, TraceError, page_shift};
 
@@ -132,7 +133,22 @@ pub fn decode_text<S: LackeySink>(
         )));
     }
     let mut decoder = TextDecoder::new(&input.path, input.format, opts.lenient);
-    let mut buf = vec![0u8; 4 << 20];
+    // A plain regular file is decoded where it lies (see `mapped`), in
+    // pieces of the read buffer's size; anything else is read.
+    if input.compression == Compression::None
+        && let Some(map) = Mapped::open(&input.path)
+    {
+        let bytes = map.bytes();
+        let mut at = 0;
+        while at < bytes.len() {
+            let end = (at + PIECE).min(bytes.len());
+            map.populate(at, end);
+            decoder.feed(&bytes[at..end], sink)?;
+            at = end;
+        }
+        return decoder.finish(opts.allow_truncated, sink);
+    }
+    let mut buf = vec![0u8; PIECE];
     loop {
         let n = input
             .reader
