@@ -240,6 +240,14 @@ impl Tlb {
         match self.policy {
             Policy::Lru => {
                 let s = &mut self.tags[base..base + ways];
+                // The second most recent page of the set (where instruction
+                // fetches and data alternate between two pages): the move
+                // to the front is a swap. Tags in a set are distinct, so
+                // this is the position `find` would give.
+                if ways > 1 && s[1] == vpn {
+                    s.swap(0, 1);
+                    return true;
+                }
                 match find(s, vpn) {
                     Some(p) => {
                         // Move to the front.
