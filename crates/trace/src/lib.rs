@@ -26,6 +26,7 @@ mod error;
 pub mod export;
 pub mod input;
 pub mod lackey;
+mod mapped;
 pub mod mattson;
 pub mod sim;
 pub mod source;

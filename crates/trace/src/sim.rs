@@ -15,7 +15,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{PageRef, Result, TraceError, page_shift};
+use crate::{AccessKind, PageRef, Result, TraceError, page_shift};
 
 /// Replacement policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -240,6 +240,14 @@ impl Tlb {
         match self.policy {
             Policy::Lru => {
                 let s = &mut self.tags[base..base + ways];
+                // The second most recent page of the set (where instruction
+                // fetches and data alternate between two pages): the move
+                // to the front is a swap. Tags in a set are distinct, so
+                // this is the position `find` would give.
+                if ways > 1 && s[1] == vpn {
+                    s.swap(0, 1);
+                    return true;
+                }
                 match find(s, vpn) {
                     Some(p) => {
                         // Move to the front.
@@ -327,6 +335,15 @@ impl Tlb {
                 self.filter[i] = EMPTY;
             }
         }
+    }
+
+    /// One page reference of `kind`, counted as [`Tlb::run`] counts it.
+    #[inline]
+    pub fn reference(&mut self, vpn: u64, kind: AccessKind) {
+        let hit = self.access(vpn);
+        let k = kind as usize;
+        self.refs_by_kind[k] += 1;
+        self.misses_by_kind[k] += !hit as u64;
     }
 
     /// Simulates a batch of references.

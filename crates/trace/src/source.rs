@@ -7,10 +7,11 @@ use std::path::Path;
 
 use crate::binary::BinaryReader;
 use crate::dinero::DineroDecoder;
-use crate::input::Input;
-use crate::lackey::{LackeyDecoder, LackeySink, PageSplitter};
+use crate::input::{Compression, Input};
+use crate::lackey::{LackeyDecoder, LackeySink, LineKind, PageSplitter};
+use crate::mapped::{Mapped, PIECE};
 use crate::sim::{SimOptions, SimResult, Tlb};
-use crate::{PageRef, Result, TraceError, page_shift};
+use crate::{AccessKind, PageRef, Result, TraceError, page_shift};
 
 pub use crate::input::TraceFormat;
 
@@ -132,7 +133,22 @@ pub fn decode_text<S: LackeySink>(
         )));
     }
     let mut decoder = TextDecoder::new(&input.path, input.format, opts.lenient);
-    let mut buf = vec![0u8; 4 << 20];
+    // A plain regular file is decoded where it lies (see `mapped`), in
+    // pieces of the read buffer's size; anything else is read.
+    if input.compression == Compression::None
+        && let Some(map) = Mapped::open(&input.path)
+    {
+        let bytes = map.bytes();
+        let mut at = 0;
+        while at < bytes.len() {
+            let end = (at + PIECE).min(bytes.len());
+            map.populate(at, end);
+            decoder.feed(&bytes[at..end], sink)?;
+            at = end;
+        }
+        return decoder.finish(opts.allow_truncated, sink);
+    }
+    let mut buf = vec![0u8; PIECE];
     loop {
         let n = input
             .reader
@@ -300,10 +316,60 @@ pub fn load_refs(
     Ok((all, src.warnings()))
 }
 
+/// Feeds a text trace's accesses straight into one TLB, page by page, in
+/// the order [`PageSplitter`] would list them (no batch of [`PageRef`]s).
+struct TlbSink<'a> {
+    tlb: &'a mut Tlb,
+    shift: u32,
+}
+
+impl TlbSink<'_> {
+    #[inline]
+    fn pages(&mut self, first: u64, last: u64, kind: AccessKind) {
+        self.tlb.reference(first, kind);
+        if last != first {
+            for vpn in first + 1..=last {
+                self.tlb.reference(vpn, kind);
+            }
+        }
+    }
+}
+
+impl LackeySink for TlbSink<'_> {
+    #[inline]
+    fn access(&mut self, kind: LineKind, addr: u64, size: u64) {
+        let first = addr >> self.shift;
+        let last = addr.saturating_add(size - 1) >> self.shift;
+        match kind {
+            LineKind::Instr => self.pages(first, last, AccessKind::Ifetch),
+            LineKind::Load => self.pages(first, last, AccessKind::Load),
+            LineKind::Store => self.pages(first, last, AccessKind::Store),
+            LineKind::Modify => {
+                self.pages(first, last, AccessKind::Load);
+                self.pages(first, last, AccessKind::Store);
+            }
+        }
+    }
+}
+
 /// `mmulab trace sim`: simulates one TLB over the trace at `path`.
+/// A text trace is decoded straight into the TLB; a binary one is read in
+/// batches.
 pub fn simulate(path: &Path, opts: &SimOptions, read: &ReadOptions) -> Result<SimResult> {
     let mut tlb = Tlb::new(opts)?;
-    let mut src = open_trace(path, opts.page_size, read)?;
+    let shift = page_shift(opts.page_size)?;
+    let input = crate::input::open(path)?;
+    if input.format != TraceFormat::Binary {
+        let mut sink = TlbSink {
+            tlb: &mut tlb,
+            shift,
+        };
+        let warnings = decode_text(input, &mut sink, read)?;
+        let mut result = tlb.result();
+        result.warnings = warnings;
+        return Ok(result);
+    }
+    let mut src = BinarySource::open(input, shift, read)?;
     let mut batch = Vec::new();
     while src.next_batch(&mut batch)? {
         tlb.run(&batch);
