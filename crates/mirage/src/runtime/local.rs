@@ -805,10 +805,16 @@ pub fn status(path: &Path, timeout: Duration) -> std::io::Result<super::status::
     m.id = 1;
     rustix::net::send(&sock, m.as_bytes(), SendFlags::NOSIGNAL)?;
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    let n = rustix::net::recv(&sock, &mut buf, RecvFlags::empty())?.0;
-    if n < MSG_BYTES {
-        return Err(std::io::Error::other("short status reply"));
-    }
+    // The daemon's `ALIVE`s (one at once on connection) come before it.
+    let n = loop {
+        let n = rustix::net::recv(&sock, &mut buf, RecvFlags::empty())?.0;
+        if n < MSG_BYTES {
+            return Err(std::io::Error::other("short status reply"));
+        }
+        if LocalMsg::from_bytes(&buf[..n]).is_none_or(|m| m.kind != kind::ALIVE) {
+            break n;
+        }
+    };
     let body = &buf[MSG_BYTES..n];
     if let Ok(s) = serde_json::from_slice::<super::status::SiteStatus>(body) {
         return Ok(s);
