@@ -404,18 +404,15 @@ impl Fig8Spec {
 /// at most 3.6e9 simulated operations, below [`MAX_WORK`].
 fn check_loop(file: &str, key: &str, v: f64) -> Result<(), Error> {
     check_positive(file, key, v)?;
-    if v > MAX_LOOP_S {
-        return Err(invalid(
-            file,
-            key,
-            &format!("must be at most {MAX_LOOP_S} simulated seconds, got {v}"),
-        ));
-    }
-    Ok(())
+    check_at_most_a_loop(file, key, v)
 }
 
 fn check_stagger(file: &str, key: &str, v: f64) -> Result<(), Error> {
     check_tolerance(file, key, v)?;
+    check_at_most_a_loop(file, key, v)
+}
+
+fn check_at_most_a_loop(file: &str, key: &str, v: f64) -> Result<(), Error> {
     if v > MAX_LOOP_S {
         return Err(invalid(
             file,
