@@ -777,7 +777,7 @@ fn fleisch89s_fig8_sweep_file_runs_alike_and_gives_the_reproductions_rates() {
         .to_string();
     let shipped = shipped.replace("paper-data/fig8.toml", &base);
     let out = t.join("bad-out");
-    for (text_of, named) in [
+    let cases = [
         (
             shipped.replace("delta_ticks = [1, 2,", "deltas = [1, 2,"),
             "point 0 (deltas=1): ",
@@ -803,20 +803,8 @@ fn fleisch89s_fig8_sweep_file_runs_alike_and_gives_the_reproductions_rates() {
             shipped.replace("kind = \"mirage-read-writers\"\n", ""),
             "point 0 (delta_ticks=1): preset: unknown preset `vax-locus-1989`",
         ),
-    ] {
-        let s = write_sweep(&t, &text_of);
-        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
-        assert!(
-            text(&o).contains(named),
-            "expected `{named}` in: {}",
-            text(&o)
-        );
-        assert!(
-            !out.exists(),
-            "{named}: the folder was made before validation"
-        );
-    }
+    ];
+    each_bad_sweep_exits_2_naming_it(&t, &out, &cases);
     let _ = std::fs::remove_dir_all(&t);
 }
 
@@ -888,7 +876,7 @@ fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
         .to_string();
     let shipped = shipped.replace("paper-data/shape.toml", &base);
     let out = t.join("bad-out");
-    for (text_of, named) in [
+    let cases = [
         (
             shipped.replace("os = [\"ultrix\",", "os = [\"vms\","),
             "point 0 (os=\"vms\", workload=\"compress\"): os: unknown OS `vms`",
@@ -905,20 +893,8 @@ fn uhlig94s_systems_sweep_file_runs_alike_and_gives_table_iis_ratios() {
             shipped.replace("[grid]", "[grid]\nlower = [[8, 64]]"),
             "lower: expected distinct partition points in 0..64",
         ),
-    ] {
-        let s = write_sweep(&t, &text_of);
-        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
-        assert!(
-            text(&o).contains(named),
-            "expected `{named}` in: {}",
-            text(&o)
-        );
-        assert!(
-            !out.exists(),
-            "{named}: the folder was made before validation"
-        );
-    }
+    ];
+    each_bad_sweep_exits_2_naming_it(&t, &out, &cases);
     let _ = std::fs::remove_dir_all(&t);
 }
 
@@ -950,5 +926,24 @@ fn uhlig94s_partition_sweep_files_run_alike() {
                 .count();
         assert_eq!(per_task, lowers, "{name}: a setup per partition point");
         let _ = std::fs::remove_dir_all(&t);
+    }
+}
+
+/// Each (sweep text, what its error must name) exits 2 naming it, before
+/// any task runs (no `out` folder made).
+fn each_bad_sweep_exits_2_naming_it(t: &Path, out: &Path, cases: &[(String, &str)]) {
+    for (text_of, named) in cases {
+        let s = write_sweep(t, text_of);
+        let o = sweep(&[&s, "--out", out.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{named}: {}", text(&o));
+        assert!(
+            text(&o).contains(named),
+            "expected `{named}` in: {}",
+            text(&o)
+        );
+        assert!(
+            !out.exists(),
+            "{named}: the folder was made before validation"
+        );
     }
 }
