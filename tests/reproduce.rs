@@ -106,6 +106,7 @@ fn check_contract(paper: &str, r: &serde_json::Value) {
     let rows = r["rows"].as_array().unwrap();
     assert!(!rows.is_empty(), "{paper}: no rows");
     let (mut judged, mut within) = (0, 0);
+    let (mut inconsistent, mut inconsistent_within) = (0, 0);
     for row in rows {
         let basis = row["basis"].as_str().unwrap();
         assert!(
@@ -136,6 +137,11 @@ fn check_contract(paper: &str, r: &serde_json::Value) {
                 if basis == "emergent" {
                     judged += 1;
                     within += usize::from(row["within"] == true);
+                    if let Some(why) = row.get("paper_inconsistent") {
+                        assert!(why.as_str().is_some_and(|w| w.contains("docs/papers/")));
+                        inconsistent += 1;
+                        inconsistent_within += usize::from(row["within"] == true);
+                    }
                 }
             }
             k => panic!("{paper}: kind {k}"),
@@ -143,6 +149,12 @@ fn check_contract(paper: &str, r: &serde_json::Value) {
     }
     assert_eq!(r["headline"]["emergent_judged"], judged, "{paper}");
     assert_eq!(r["headline"]["emergent_within"], within, "{paper}");
+    let h = &r["headline"];
+    assert_eq!(h["emergent_paper_inconsistent"], inconsistent, "{paper}");
+    assert_eq!(
+        h["emergent_paper_inconsistent_within"], inconsistent_within,
+        "{paper}"
+    );
     for n in r["not_reproduced"].as_array().unwrap() {
         assert!(!n["reason"].as_str().unwrap().is_empty(), "{paper}: {n}");
     }

@@ -62,7 +62,7 @@ pub fn index_page(pages: &[PaperPage<'_>], title: &str) -> String {
     for p in pages {
         let hl = &p.report.headline;
         h.push_str(&format!(
-            "<tr><td><a href=\"#{0}\">{0}</a></td><td class=num>{1}</td><td class=num>{2}</td><td class=num>{3}</td><td class=num>{4}</td><td class=num>{5}</td><td class=num>{6}</td><td class=num>{7} of {8}</td></tr>\n",
+            "<tr><td><a href=\"#{0}\">{0}</a></td><td class=num>{1}{9}</td><td class=num>{2}</td><td class=num>{3}</td><td class=num>{4}</td><td class=num>{5}</td><td class=num>{6}</td><td class=num>{7} of {8}</td></tr>\n",
             esc(&p.report.paper),
             hl.emergent_within,
             hl.emergent_judged,
@@ -71,7 +71,9 @@ pub fn index_page(pages: &[PaperPage<'_>], title: &str) -> String {
             hl.input,
             hl.plot_only,
             hl.artefacts_reproduced,
-            hl.artefacts
+            hl.artefacts,
+            hl.consistent_text()
+                .map_or(String::new(), |c| format!("<br><small>({})</small>", esc(&c)))
         ));
     }
     h.push_str("</table>\n");

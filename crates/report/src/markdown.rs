@@ -18,10 +18,12 @@ pub fn headline_table(reports: &[ReproReport]) -> String {
     for r in reports {
         let h = &r.headline;
         s.push_str(&format!(
-            "| {} | {} of {} | {} | {} | {} | {} | {} of {} |\n",
+            "| {} | {} of {}{} | {} | {} | {} | {} | {} of {} |\n",
             r.paper,
             h.emergent_within,
             h.emergent_judged,
+            h.consistent_text()
+                .map_or(String::new(), |c| format!(" ({c})")),
             h.calibrated,
             h.arithmetic,
             h.input,

@@ -50,6 +50,12 @@ pub struct ReproRow {
     /// The claim checked, or why a row is what it is.
     #[serde(default)]
     pub note: String,
+    /// Set when the paper's own figures contradict this row's paper value
+    /// (no reading of the paper's stated protocol yields it): where the
+    /// arithmetic and the test showing that are. Decided from the paper,
+    /// never from the model's value; the row stays judged and counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paper_inconsistent: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +122,7 @@ impl ReproRow {
             basis: Basis::Unset,
             calibrates: Vec::new(),
             note: String::new(),
+            paper_inconsistent: None,
         }
     }
 
@@ -175,6 +182,13 @@ impl ReproRow {
 
     pub fn with_note(mut self, note: &str) -> ReproRow {
         self.note = note.into();
+        self
+    }
+
+    /// Marks the row's paper value as one the paper's own figures
+    /// contradict; `why` names where the arithmetic and its test are.
+    pub fn paper_inconsistent(mut self, why: &str) -> ReproRow {
+        self.paper_inconsistent = Some(why.into());
         self
     }
 
@@ -370,6 +384,14 @@ pub struct Headline {
     pub artefacts: usize,
     /// Artefacts with at least one judged row.
     pub artefacts_reproduced: usize,
+    /// Of the judged emergent rows, those whose paper value the paper's own
+    /// figures contradict (`paper_inconsistent`), and how many of them hold:
+    /// the headline also says what the rows a consistent model could reach
+    /// give. They stay in `emergent_judged` and `emergent_within`.
+    #[serde(default)]
+    pub emergent_paper_inconsistent: usize,
+    #[serde(default)]
+    pub emergent_paper_inconsistent_within: usize,
 }
 
 impl Headline {
@@ -386,8 +408,13 @@ impl Headline {
             reproduced.insert(r.artefact.as_str());
             match r.basis {
                 Basis::Emergent => {
+                    let within = usize::from(r.within == Some(true));
                     h.emergent_judged += 1;
-                    h.emergent_within += usize::from(r.within == Some(true));
+                    h.emergent_within += within;
+                    if r.paper_inconsistent.is_some() {
+                        h.emergent_paper_inconsistent += 1;
+                        h.emergent_paper_inconsistent_within += within;
+                    }
                 }
                 Basis::Calibrated => h.calibrated += 1,
                 Basis::Arithmetic => h.arithmetic += 1,
@@ -404,9 +431,11 @@ impl Headline {
         h
     }
 
-    /// The console's closing line.
+    /// The console's closing line. Where some judged rows carry paper
+    /// values the paper contradicts, a last clause gives the count over the
+    /// others; the first count always covers every judged emergent row.
     pub fn line(&self, paper: &str) -> String {
-        format!(
+        let mut line = format!(
             "{paper}: emergent {} of {} within tolerance; {} calibrated, {} arithmetic, {} input; {} of {} artefacts reproduced",
             self.emergent_within,
             self.emergent_judged,
@@ -415,7 +444,25 @@ impl Headline {
             self.input,
             self.artefacts_reproduced,
             self.artefacts
-        )
+        );
+        if let Some(consistent) = self.consistent_text() {
+            line.push_str("; ");
+            line.push_str(&consistent);
+        }
+        line
+    }
+
+    /// "13 of 17 outside the 6 rows the paper's own figures contradict",
+    /// or `None` when no judged row is so marked.
+    pub fn consistent_text(&self) -> Option<String> {
+        (self.emergent_paper_inconsistent > 0).then(|| {
+            format!(
+                "{} of {} outside the {} rows the paper's own figures contradict",
+                self.emergent_within - self.emergent_paper_inconsistent_within,
+                self.emergent_judged - self.emergent_paper_inconsistent,
+                self.emergent_paper_inconsistent
+            )
+        })
     }
 
     /// True when every judged emergent row holds (exit code 0).
@@ -516,6 +563,14 @@ impl ReproReport {
             }
             if r.kind != RowKind::PlotOnly && r.within.is_none() {
                 return Err(fail("a judged row without a verdict".into()));
+            }
+            if let Some(why) = &r.paper_inconsistent
+                && (r.basis != Basis::Emergent || !r.judged() || why.trim().is_empty())
+            {
+                return Err(fail(
+                    "paper_inconsistent is for judged emergent rows, with where the arithmetic is"
+                        .into(),
+                ));
             }
             if r.quantity.contains('[') {
                 return Err(fail(
@@ -638,6 +693,7 @@ impl ReproReport {
                 r.basis.as_str().into(),
                 r.calibrates.join(";"),
                 r.note.clone(),
+                r.paper_inconsistent.clone().unwrap_or_default(),
             ]);
             w.write_record(&rec).expect("in-memory CSV");
         }
@@ -675,6 +731,7 @@ const CSV_FIXED: &[&str] = &[
     "basis",
     "calibrates",
     "note",
+    "paper_inconsistent",
 ];
 
 /// Numbers in tables: three significant figures for small values, no
@@ -783,6 +840,70 @@ mod tests {
             r.headline_line(),
             "black89: emergent 2 of 3 within tolerance; 1 calibrated, 1 arithmetic, 0 input; 4 of 6 artefacts reproduced"
         );
+    }
+
+    #[test]
+    fn rows_the_paper_contradicts_stay_counted_and_get_a_clause_of_their_own() {
+        let mut t = table();
+        let why = "docs/papers/x.md: no reading gives it";
+        t.push(
+            ReproRow::numeric("§7.2", "pages", 3.0, 2.0, 0.0)
+                .emergent()
+                .paper_inconsistent(why),
+        );
+        t.push(
+            ReproRow::numeric("§7.2", "shorts", 6.0, 6.0, 0.0)
+                .emergent()
+                .paper_inconsistent(why),
+        );
+        t.push(ReproRow::numeric("§7.3", "rate", 5.0, 5.1, 10.0).emergent());
+        t.push(ReproRow::numeric("§7.3", "sleeps", 2.75, 4.0, 10.0).emergent());
+        let r = ReproReport::new("fleisch89", t, true, &prov()).unwrap();
+        let h = r.headline;
+        assert_eq!((h.emergent_judged, h.emergent_within), (4, 2));
+        assert_eq!(
+            (
+                h.emergent_paper_inconsistent,
+                h.emergent_paper_inconsistent_within
+            ),
+            (2, 1)
+        );
+        assert_eq!(
+            r.headline_line(),
+            "fleisch89: emergent 2 of 4 within tolerance; 0 calibrated, 0 arithmetic, 0 input; \
+             2 of 2 artefacts reproduced; 1 of 2 outside the 2 rows the paper's own figures contradict"
+        );
+        assert!(r.to_csv().lines().nth(1).unwrap().ends_with(why));
+        assert!(
+            r.to_json()
+                .contains("\"paper_inconsistent\": \"docs/papers/x.md")
+        );
+        // Rows without the mark serialise as before: no key, no clause.
+        let mut t = table();
+        t.push(ReproRow::numeric("§7.3", "rate", 5.0, 5.1, 10.0).emergent());
+        let r = ReproReport::new("fleisch89", t, true, &prov()).unwrap();
+        assert!(!r.to_json().contains("\"paper_inconsistent\":"));
+        assert!(!r.headline_line().contains("contradict"));
+    }
+
+    #[test]
+    fn only_judged_emergent_rows_may_be_marked_inconsistent_and_only_with_a_reason() {
+        for row in [
+            ReproRow::numeric("§7.2", "pages", 3.0, 3.0, 5.0)
+                .arithmetic()
+                .paper_inconsistent("why"),
+            ReproRow::plot_only("§7.2", "pages", Some(3.0), 2.0, "")
+                .emergent()
+                .paper_inconsistent("why"),
+            ReproRow::numeric("§7.2", "pages", 3.0, 2.0, 5.0)
+                .emergent()
+                .paper_inconsistent(" "),
+        ] {
+            let mut t = table();
+            t.push(row);
+            let e = ReproReport::new("fleisch89", t, true, &prov()).unwrap_err();
+            assert!(e.problem.contains("paper_inconsistent"), "{e}");
+        }
     }
 
     #[test]
