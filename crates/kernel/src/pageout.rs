@@ -116,7 +116,7 @@ impl Sim {
         let p = self.protocol();
         self.count("pageout.page_unloads", 1);
         self.begin_op(cpu, "hat_pageunload");
-        if p.rw_vm_locks() {
+        if self.page_layer_locks() {
             let (spin, sleep) = self.page_locks(pfn.0);
             self.sleep_lock(cpu, sleep, true).await;
             let saved = self.set_ipl(cpu, Ipl::HIGH);

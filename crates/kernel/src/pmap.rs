@@ -179,6 +179,39 @@ pub trait Protocol {
         false
     }
 
+    /// A reader/writer address-map lock without the rest of SVR4.2's VM
+    /// locking: Mach's vm_map lock, a complex lock (`lock_t`, kern/lock.c)
+    /// that `vm_map_lookup` takes with `vm_map_lock_read` for a fault and
+    /// map changes (`vm_map_protect`, `vm_map_enter`, `vm_map_delete`)
+    /// take with `vm_map_lock`, initialised `lock_init(&map->lock, TRUE)`
+    /// (a waiter spins `lock_wait_time` loop iterations, then sleeps).
+    /// Faults take the task's map lock shared, memory calls exclusive;
+    /// waiters sleep ([`Sim::sleep_lock`]). Concurrent faults on one task
+    /// are then serialised per page as Mach's busy bit and object lock do
+    /// (the page layer's page sleep locks and page-hash lock, shared with
+    /// `rw_vm_locks`); fork takes no anon or swap reservation locks.
+    /// Off by default (every other protocol keeps its map lock and its
+    /// outputs).
+    ///
+    /// Waiters sleep at once [A]: Mach's waiter first spins
+    /// `lock_wait_time` loop iterations (100 with NCPUS > 1, kern/lock.c),
+    /// then `thread_sleep`s. At a few instructions an iteration that spin
+    /// is ~100-150 µs on the Multimax [A], shorter than the holds a
+    /// waiter meets (a memory call through its shootdown, ~600 µs and
+    /// more), so the model leaves it out and charges the switch back in
+    /// (`context_switch_cycles`) on every wait. Model limit (the kernel's
+    /// one kernel context per CPU): the sleeper's CPU runs nothing else
+    /// and keeps the task's address space loaded, so it is still shot at
+    /// and answers as an active CPU; Mach would run another thread there
+    /// or go idle. Readers queue behind a waiting writer, FIFO
+    /// (`sleeplock`), as Mach's `lock_read` waits while `want_write` is
+    /// set. Mach's fault takes the map lock again (`vm_map_verify`) only
+    /// with MACH_XP's map versions; the model holds it shared for the
+    /// whole fault (`vm_map_lookup` to `vm_map_lookup_done`) [A].
+    fn rw_map_lock(&self) -> bool {
+        false
+    }
+
     /// Linux's lazy TLB mode: a CPU that goes idle keeps the address space
     /// of the thread it last ran loaded (still in its user set, Linux's
     /// `cpu_vm_mask`) instead of unloading it, so a thread of the same

@@ -66,6 +66,15 @@ pub struct PageLocks {
 }
 
 impl Sim {
+    /// True when the VM layer runs with reader/writer address-map locks
+    /// and the page layer's locks that concurrent faults then need: the
+    /// SVR4.2 VM locks (`Protocol::rw_vm_locks`) or Mach's read/write map
+    /// lock (`Protocol::rw_map_lock`).
+    pub fn page_layer_locks(&self) -> bool {
+        let p = self.protocol();
+        p.rw_vm_locks() || p.rw_map_lock()
+    }
+
     /// Allocates a sleep lock of `class` (None: not checked).
     pub fn new_sleep_lock(&self, class: Option<LockClass>) -> usize {
         let mut w = self.w();
@@ -88,14 +97,14 @@ impl Sim {
         (spin, sleep)
     }
 
-    /// With the reader/writer VM locks (`Protocol::rw_vm_locks`), takes
+    /// With the reader/writer VM locks ([`Sim::page_layer_locks`]), takes
     /// the page layer's global page-hash spin lock (balan92 §Locking Design:
     /// "A global spin lock in the page layer for protecting the page hash
     /// chains"; a leaf, see `lockorder`) and returns it; else None and
     /// nothing is taken. Held around finding a page by identity and
     /// inserting or removing one; release with [`Sim::page_hash_exit`].
     pub async fn page_hash_enter(&self, cpu: CpuId) -> Option<usize> {
-        if !self.protocol().rw_vm_locks() {
+        if !self.page_layer_locks() {
             return None;
         }
         let existing = self.w().page_hash_lock;

@@ -81,12 +81,15 @@ pub struct Task {
     pub threads: u32,
     pub alive: bool,
     pub next_vpn: u64,
-    /// The address map's lock (Mach's vm_map lock): faults and memory calls
-    /// on one task are serialised, so that two threads faulting on one page
-    /// cannot both install it.
+    /// The address map's exclusive spin lock, for protocols without a
+    /// reader/writer map lock (`Sim::page_layer_locks` false): faults and
+    /// memory calls on one task are serialised, so that two threads
+    /// faulting on one page cannot both install it.
     pub vm_lock: usize,
     /// With the reader/writer VM locks (`Protocol::rw_vm_locks`: SVR4.2's,
-    /// or Linux's `mmap_sem`): the segment layer's reader/writer sleep lock (balan92 §Locking Design: "A
+    /// or Linux's `mmap_sem`; or `Protocol::rw_map_lock`: Mach's vm_map
+    /// lock, read-locked by a fault's `vm_map_lookup`, write-locked by
+    /// map changes, waiters sleeping): the segment layer's reader/writer sleep lock (balan92 §Locking Design: "A
     /// reader/writer lock per segment. This lock is acquired in writer
     /// mode when changing the attributes of a segment ... and in reader
     /// mode when the attributes of the segment are to remain valid for
@@ -166,8 +169,7 @@ impl Sim {
     /// takes its regions, text included, from the parent).
     fn create_empty_task(&self) -> Result<TaskId, mmulab_machine::physmem::OutOfMemory> {
         let seg_lock = self
-            .protocol()
-            .rw_vm_locks()
+            .page_layer_locks()
             .then(|| self.new_sleep_lock(Some(crate::lockorder::LockClass::Segment)));
         let mut w = self.w();
         let fmt = w.cfg.pt_format;
@@ -334,9 +336,10 @@ impl Sim {
         self.seg_unlock(cpu, task).await;
     }
 
-    /// Takes a task's address-map lock: with the SVR4.2 VM locks its
-    /// segment sleep lock, as writer (`write`) or reader; else the
-    /// exclusive map lock, whatever `write` says.
+    /// Takes a task's address-map lock: with the SVR4.2 VM locks or Mach's
+    /// read/write map lock its reader/writer sleep lock, as writer
+    /// (`write`) or reader; else the exclusive map lock, whatever `write`
+    /// says.
     pub(crate) async fn seg_lock(&self, cpu: CpuId, task: TaskId, write: bool) {
         let (seg, lock) = {
             let w = self.w();
@@ -419,7 +422,7 @@ impl Sim {
         //   re-checks that the object still resolves to it;
         // * a load takes the page's lock as reader and re-checks the same.
         // A changed identity restarts the fault (`vm.fault_retries`).
-        let rw_locks = self.protocol().rw_vm_locks();
+        let rw_locks = self.page_layer_locks();
         let writable_for = |top: bool| region.prot == Prot::ReadWrite && top;
         //
         // The lookup by identity, and the insert of a new page, are made
@@ -576,7 +579,7 @@ impl Sim {
         expect: Option<(u32, u64, Pfn, bool)>,
     ) -> bool {
         let p = self.protocol();
-        if p.rw_vm_locks() {
+        if self.page_layer_locks() {
             let (_, sleep) = self.page_locks(pfn.0);
             self.sleep_lock(cpu, sleep, false).await;
             if let Some((obj, idx, pfn, top)) = expect
