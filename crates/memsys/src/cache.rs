@@ -212,6 +212,7 @@ impl<M: Default> Cache<M> {
     pub fn clear(&mut self, line: usize) {
         let i = self.tag_word(line);
         self.words[i] = INVALID;
+        self.words[i + 1] = 0;
         self.meta[line] = M::default();
     }
 }
@@ -230,19 +231,14 @@ fn lru_way(rec: &[u64]) -> usize {
 }
 
 /// `victim`'s choice in a four-way set record in one pass: each way's key
-/// is 0 if empty, else its stamp + 1 (stamps count touches from 0, so they
-/// never reach `u64::MAX`); the least key wins, the first on a tie. That is
-/// the first empty way, else the least recently used one, without a
-/// branch per way.
+/// is its stamp, 0 if empty (`clear` and `new` zero it) and at least 1
+/// once filled (`fill` touches, and the clock counts from 1); the least
+/// key wins, the first on a tie. That is the first empty way, else the
+/// least recently used one, without a branch per way.
 #[inline(always)]
 fn victim4(r: &[u64; 8]) -> usize {
-    let key = |w: usize| {
-        if r[2 * w] == INVALID {
-            0
-        } else {
-            r[2 * w + 1] + 1
-        }
-    };
+    debug_assert!((0..4).all(|w| (r[2 * w] == INVALID) == (r[2 * w + 1] == 0)));
+    let key = |w: usize| r[2 * w + 1];
     // A tournament (0 v 1, 2 v 3, then the winners), the lower way
     // winning ties at each step: the sequential scan's answer with half
     // its dependency chain.
@@ -319,8 +315,10 @@ mod tests {
             let mut r = [0u64; 8];
             for w in 0..4 {
                 let d = (n >> (4 * w)) & 15;
-                r[2 * w] = if d & 3 == 0 { INVALID } else { d & 3 };
-                r[2 * w + 1] = d >> 2;
+                // an empty way has stamp 0, a filled one a stamp from 1
+                let empty = d & 3 == 0;
+                r[2 * w] = if empty { INVALID } else { d & 3 };
+                r[2 * w + 1] = if empty { 0 } else { (d >> 2) + 1 };
             }
             let want = position(&r, INVALID).unwrap_or_else(|| lru_way(&r));
             assert_eq!(victim4(&r), want, "{r:?}");
