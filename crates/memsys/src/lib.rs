@@ -337,10 +337,11 @@ impl MemSystem {
     /// in cycles. TLB entries to invalidate (PCAM matches, L2 recalls) are
     /// appended to `probes`.
     ///
-    /// A read hit (no probes to hand over, nothing to probe) is taken here,
-    /// inlined into the caller; everything else (stores, misses, pending
-    /// probes) goes out of line to `access_full`, which takes a read hit
-    /// exactly as this does.
+    /// A read with no probes to hand over is taken here: a hit inlined
+    /// into the caller, a miss by `miss` as `access_full` would call it.
+    /// Stores, and any access while a `pcam_insert` has left probes, go
+    /// out of line to `access_full`, which takes a read hit exactly as
+    /// `read_hit` does.
     #[inline(always)]
     pub fn access(
         &mut self,
@@ -349,30 +350,38 @@ impl MemSystem {
         kind: AccessKind,
         probes: &mut Vec<TlbProbe>,
     ) -> u64 {
-        if kind != AccessKind::Store
-            && self.deferred.is_empty()
-            && let Some(lat) = self.read_hit(core, pa >> self.shift, kind)
-        {
-            return lat;
+        if kind != AccessKind::Store && self.deferred.is_empty() {
+            let block = pa >> self.shift;
+            return match self.read_hit(core, block, kind) {
+                Ok(lat) => lat,
+                // what `access_full` does for a read that does not hit
+                Err(found) => self.miss(core, block, pa, kind, found, probes),
+            };
         }
         self.access_full(core, pa, kind, probes)
     }
 
     /// A read (`kind` not a store) of `block` by `core` that hits its L1
-    /// in a readable state: recorded, checked and priced; None (nothing
-    /// done) otherwise.
+    /// in a readable state: recorded, checked and priced. Otherwise
+    /// nothing is done and the error is the line holding the block, if
+    /// any.
     #[inline(always)]
-    fn read_hit(&mut self, core: usize, block: u64, kind: AccessKind) -> Option<u64> {
+    fn read_hit(
+        &mut self,
+        core: usize,
+        block: u64,
+        kind: AccessKind,
+    ) -> Result<u64, Option<usize>> {
         debug_assert_ne!(kind, AccessKind::Store);
         let cache = if kind == AccessKind::IFetch {
             &mut self.l1i[core]
         } else {
             &mut self.l1d[core]
         };
-        let line = cache.lookup(block)?;
+        let line = cache.lookup(block).ok_or(None)?;
         let m = cache.meta[line];
         if !self.read_hits[m.state as usize] {
-            return None;
+            return Err(Some(line));
         }
         cache.touch(line);
         let lat = cache.latency;
@@ -395,7 +404,7 @@ impl MemSystem {
                 });
             }
         }
-        Some(lat)
+        Ok(lat)
     }
 
     /// `access`'s whole path: stores, misses, and probes left by a
@@ -672,6 +681,7 @@ impl MemSystem {
         }
     }
 
+    #[inline(never)]
     fn miss(
         &mut self,
         c: usize,
