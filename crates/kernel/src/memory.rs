@@ -64,6 +64,7 @@ impl World {
 
     /// One access by `cpu` through the memory system; applies the TLB
     /// invalidations its PCAM probes found. Returns its latency.
+    #[inline]
     pub fn mem_access(&mut self, cpu: CpuId, pa: u64, kind: AccessKind) -> Cycles {
         let Some(ms) = self.memsys.as_mut() else {
             return Cycles(0);
@@ -80,6 +81,7 @@ impl World {
     /// replay (§5.1). That includes a recall of the PTE's block from the
     /// L2: the PCAM entry is gone, so a later store to the PTE would go
     /// unseen.
+    #[inline(never)]
     fn apply_probes(&mut self) {
         let mut probes = std::mem::take(&mut self.probes);
         for p in probes.drain(..) {

@@ -7,9 +7,11 @@
 //! The set index is the low bits of the block address. Tags are whole block
 //! addresses; `INVALID` marks an empty way, so a lookup is a compare per way.
 //!
-//! Host layout: each line's tag and LRU stamp are a pair of words, and a
-//! set's pairs are contiguous and aligned to 64 bytes, so a lookup and the
-//! victim choice that may follow read one host cache line (4 ways).
+//! Host layout: each line's tag and LRU stamp are a pair of words, line
+//! after line, held in host-line-sized records (`Rec`, four pairs,
+//! aligned to 64 bytes). A four-way set (every preset) is one record,
+//! found by its set number alone, so a lookup and the victim choice that
+//! may follow read one host cache line.
 //! Payloads are a separate array indexed by line (`set × ways + way`).
 
 use crate::config::CacheConfig;
@@ -17,45 +19,21 @@ use mmulab_engine::prefetch;
 
 pub const INVALID: u64 = u64::MAX;
 
-/// Host cache line, in u64 words.
-const HOST_LINE_WORDS: usize = 8;
+/// Four (tag, stamp) pairs: one host cache line.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Rec([u64; 8]);
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Cache<M> {
     ways: usize,
     set_mask: u64,
-    /// Per line: (tag, LRU stamp), from `words[off..]`.
-    words: Vec<u64>,
-    /// Offset (in words) aligning the first set record to 64 bytes.
-    off: usize,
+    /// Line `l`'s (tag, stamp) pair is words `2l` and `2l + 1` of the
+    /// records taken as one array (the last record may be part unused).
+    recs: Vec<Rec>,
     pub meta: Vec<M>,
     clock: u64,
     pub latency: u64,
-}
-
-/// The word offset that puts `v[off]` on a 64-byte boundary.
-fn align_off(v: &[u64]) -> usize {
-    let addr = v.as_ptr() as usize;
-    (64 - addr % 64) % 64 / 8
-}
-
-impl<M: Clone> Clone for Cache<M> {
-    fn clone(&self) -> Self {
-        // The clone's allocation has its own alignment: recompute the offset.
-        let n = self.meta.len() * 2;
-        let mut words = vec![0; n + HOST_LINE_WORDS - 1];
-        let off = align_off(&words);
-        words[off..off + n].copy_from_slice(&self.words[self.off..self.off + n]);
-        Cache {
-            ways: self.ways,
-            set_mask: self.set_mask,
-            words,
-            off,
-            meta: self.meta.clone(),
-            clock: self.clock,
-            latency: self.latency,
-        }
-    }
 }
 
 impl<M: Clone + Default> Cache<M> {
@@ -63,18 +41,13 @@ impl<M: Clone + Default> Cache<M> {
     pub fn new(cfg: &CacheConfig) -> Cache<M> {
         let sets = cfg.sets() as usize;
         let ways = cfg.ways as usize;
-        let n = sets * ways;
-        let mut words = vec![0; 2 * n + HOST_LINE_WORDS - 1];
-        let off = align_off(&words);
-        for line in 0..n {
-            words[off + 2 * line] = INVALID;
-        }
+        // Empty ways: tag INVALID, stamp 0 (see `victim4`).
+        let empty = Rec([INVALID, 0, INVALID, 0, INVALID, 0, INVALID, 0]);
         Cache {
             ways,
             set_mask: sets as u64 - 1,
-            words,
-            off,
-            meta: vec![M::default(); n],
+            recs: vec![empty; (sets * ways).div_ceil(4)],
+            meta: vec![M::default(); sets * ways],
             clock: 0,
             latency: cfg.latency_cycles,
         }
@@ -82,30 +55,57 @@ impl<M: Clone + Default> Cache<M> {
 }
 
 impl<M> Cache<M> {
-    /// First line of `block`'s set.
+    /// `block`'s set.
     #[inline]
-    fn set_base(&self, block: u64) -> usize {
-        (block & self.set_mask) as usize * self.ways
+    fn set(&self, block: u64) -> usize {
+        (block & self.set_mask) as usize
     }
 
-    /// The (tag, stamp) pairs of the set whose first line is `base`.
+    /// Way `w`'s (tag, stamp) pair in `set`.
     #[inline]
-    fn record(&self, base: usize) -> &[u64] {
-        let r = self.off + 2 * base;
-        &self.words[r..r + 2 * self.ways]
+    fn pair(&self, set: usize, w: usize) -> (u64, u64) {
+        let i = 2 * (set * self.ways + w);
+        (self.word(i), self.word(i + 1))
     }
 
-    /// Word index of `line`'s tag (its stamp is the next word).
+    /// The first way of `set` whose tag is `x`, any number of ways.
     #[inline]
+    fn position_any(&self, set: usize, x: u64) -> Option<usize> {
+        (0..self.ways).position(|w| self.pair(set, w).0 == x)
+    }
+
+    /// The four-way set record of `set`, when sets have four ways.
+    #[inline(always)]
+    fn record4(&self, set: usize) -> Option<&[u64; 8]> {
+        (self.ways == 4).then(|| &self.recs[set].0)
+    }
+
+    /// Index, in the records taken as one array, of `line`'s tag (its
+    /// stamp is the next word).
+    #[inline(always)]
     fn tag_word(&self, line: usize) -> usize {
-        self.off + 2 * line
+        2 * line
+    }
+
+    #[inline(always)]
+    fn word(&self, i: usize) -> u64 {
+        self.recs[i / 8].0[i % 8]
+    }
+
+    #[inline(always)]
+    fn word_mut(&mut self, i: usize) -> &mut u64 {
+        &mut self.recs[i / 8].0[i % 8]
     }
 
     /// The line holding `block`, if any.
     #[inline]
     pub fn lookup(&self, block: u64) -> Option<usize> {
-        let base = self.set_base(block);
-        position(self.record(base), block).map(|w| base + w)
+        let set = self.set(block);
+        let way = match self.record4(set) {
+            Some(r) => position4(r, block),
+            None => self.position_any(set, block),
+        };
+        way.map(|w| set * self.ways + w)
     }
 
     /// Marks `line` most recently used.
@@ -113,28 +113,29 @@ impl<M> Cache<M> {
     pub fn touch(&mut self, line: usize) {
         self.clock += 1;
         let i = self.tag_word(line) + 1;
-        self.words[i] = self.clock;
+        *self.word_mut(i) = self.clock;
     }
 
     #[inline]
     pub fn tag(&self, line: usize) -> u64 {
-        self.words[self.tag_word(line)]
+        self.word(self.tag_word(line))
     }
 
     /// The line `block` would replace: an empty way, else the LRU one
     /// among those `usable` accepts (falling back to plain LRU).
     #[inline]
     pub fn victim_where(&self, block: u64, usable: impl Fn(&M) -> bool) -> usize {
-        let base = self.set_base(block);
-        let rec = self.record(base);
-        if let Some(w) = position(rec, INVALID) {
+        let set = self.set(block);
+        let base = set * self.ways;
+        if let Some(w) = self.position_any(set, INVALID) {
             return base + w;
         }
         // The first least recent way among the usable ones, else overall
         // (stamps are distinct: every valid line was touched when filled).
         let mut best: Option<(u64, usize)> = None;
         let mut any = (u64::MAX, 0);
-        for (w, &stamp) in rec.chunks_exact(2).map(|p| &p[1]).enumerate() {
+        for w in 0..self.ways {
+            let stamp = self.pair(set, w).1;
             if stamp < any.0 {
                 any = (stamp, w);
             }
@@ -149,23 +150,29 @@ impl<M> Cache<M> {
     /// Always inlined: three calls per miss, each a handful of compares.
     #[inline(always)]
     pub fn victim(&self, block: u64) -> usize {
-        let base = self.set_base(block);
-        let rec = self.record(base);
-        if let Ok(r) = <&[u64; 8]>::try_from(rec) {
+        let set = self.set(block);
+        let base = set * self.ways;
+        if let Some(r) = self.record4(set) {
             return base + victim4(r);
         }
-        if let Some(w) = position(rec, INVALID) {
-            return base + w;
+        // Empty ways have stamp 0 and the stamps of valid lines are
+        // distinct and positive: the first least stamp is the first empty
+        // way, else the LRU one.
+        let mut any = (u64::MAX, 0);
+        for w in 0..self.ways {
+            let stamp = self.pair(set, w).1;
+            if stamp < any.0 {
+                any = (stamp, w);
+            }
         }
-        // Stamps of valid lines are distinct, so the minimum is unique.
-        base + lru_way(rec)
+        base + any.1
     }
 
     /// Installs `block` in `line` (the caller has dealt with the old content).
     #[inline]
     pub fn fill(&mut self, line: usize, block: u64, meta: M) {
         let i = self.tag_word(line);
-        self.words[i] = block;
+        *self.word_mut(i) = block;
         self.meta[line] = meta;
         self.touch(line);
     }
@@ -174,8 +181,11 @@ impl<M> Cache<M> {
     /// payloads (what a lookup, then a hit or a replacement, reads).
     #[inline]
     pub fn prefetch_set(&self, block: u64) {
-        let base = self.set_base(block);
-        prefetch(&self.words[self.off + 2 * base]);
+        let set = self.set(block);
+        if let Some(r) = self.recs.get(set * self.ways / 4) {
+            prefetch(r);
+        }
+        let base = set * self.ways;
         let metas = &self.meta[base..base + self.ways];
         match (metas.first(), metas.last()) {
             // Small payloads (L1 lines): a set spanning at most 64 bytes
@@ -211,38 +221,21 @@ impl<M: Default> Cache<M> {
     #[inline]
     pub fn clear(&mut self, line: usize) {
         let i = self.tag_word(line);
-        self.words[i] = INVALID;
+        *self.word_mut(i) = INVALID;
+        *self.word_mut(i + 1) = 0;
         self.meta[line] = M::default();
     }
 }
 
-/// The way of a full set record (tag, stamp pairs) with the least stamp,
-/// the first one on a tie (four ways go through `victim4` instead).
-#[inline]
-fn lru_way(rec: &[u64]) -> usize {
-    let mut any = (u64::MAX, 0);
-    for (w, p) in rec.chunks_exact(2).enumerate() {
-        if p[1] < any.0 {
-            any = (p[1], w);
-        }
-    }
-    any.1
-}
-
 /// `victim`'s choice in a four-way set record in one pass: each way's key
-/// is 0 if empty, else its stamp + 1 (stamps count touches from 0, so they
-/// never reach `u64::MAX`); the least key wins, the first on a tie. That is
-/// the first empty way, else the least recently used one, without a
-/// branch per way.
+/// is its stamp, 0 if empty (`clear` and `new` zero it) and at least 1
+/// once filled (`fill` touches, and the clock counts from 1); the least
+/// key wins, the first on a tie. That is the first empty way, else the
+/// least recently used one, without a branch per way.
 #[inline(always)]
 fn victim4(r: &[u64; 8]) -> usize {
-    let key = |w: usize| {
-        if r[2 * w] == INVALID {
-            0
-        } else {
-            r[2 * w + 1] + 1
-        }
-    };
+    debug_assert!((0..4).all(|w| (r[2 * w] == INVALID) == (r[2 * w + 1] == 0)));
+    let key = |w: usize| r[2 * w + 1];
     // A tournament (0 v 1, 2 v 3, then the winners), the lower way
     // winning ties at each step: the sequential scan's answer with half
     // its dependency chain.
@@ -254,23 +247,42 @@ fn victim4(r: &[u64; 8]) -> usize {
     pick(lo, hi).0
 }
 
-/// The first way of a set record (tag, stamp pairs) whose tag is `x`.
-/// Four ways (every preset) compare all at once, without a branch per way.
-#[inline]
-fn position(rec: &[u64], x: u64) -> Option<usize> {
-    if let Ok(t) = <&[u64; 8]>::try_from(rec) {
-        let m = (t[0] == x) as u32
-            | ((t[2] == x) as u32) << 1
-            | ((t[4] == x) as u32) << 2
-            | ((t[6] == x) as u32) << 3;
-        return (m != 0).then(|| m.trailing_zeros() as usize);
-    }
-    rec.chunks_exact(2).position(|p| p[0] == x)
+/// `position` in a four-way set record (every preset): all four compared
+/// at once, without a branch per way.
+#[inline(always)]
+fn position4(t: &[u64; 8], x: u64) -> Option<usize> {
+    let m = (t[0] == x) as u32
+        | ((t[2] == x) as u32) << 1
+        | ((t[4] == x) as u32) << 2
+        | ((t[6] == x) as u32) << 3;
+    (m != 0).then(|| m.trailing_zeros() as usize)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The way of a full set record (tag, stamp pairs) with the least stamp,
+    /// the first one on a tie (the two-step rule `victim4` is checked against).
+    #[inline]
+    fn lru_way(rec: &[u64]) -> usize {
+        let mut any = (u64::MAX, 0);
+        for (w, p) in rec.chunks_exact(2).enumerate() {
+            if p[1] < any.0 {
+                any = (p[1], w);
+            }
+        }
+        any.1
+    }
+
+    /// The first way of a set record (tag, stamp pairs) whose tag is `x`.
+    #[inline]
+    fn position(rec: &[u64], x: u64) -> Option<usize> {
+        if let Ok(t) = <&[u64; 8]>::try_from(rec) {
+            return position4(t, x);
+        }
+        rec.chunks_exact(2).position(|p| p[0] == x)
+    }
 
     fn tiny() -> Cache<u8> {
         Cache::new(&CacheConfig {
@@ -319,8 +331,10 @@ mod tests {
             let mut r = [0u64; 8];
             for w in 0..4 {
                 let d = (n >> (4 * w)) & 15;
-                r[2 * w] = if d & 3 == 0 { INVALID } else { d & 3 };
-                r[2 * w + 1] = d >> 2;
+                // an empty way has stamp 0, a filled one a stamp from 1
+                let empty = d & 3 == 0;
+                r[2 * w] = if empty { INVALID } else { d & 3 };
+                r[2 * w + 1] = if empty { 0 } else { (d >> 2) + 1 };
             }
             let want = position(&r, INVALID).unwrap_or_else(|| lru_way(&r));
             assert_eq!(victim4(&r), want, "{r:?}");
@@ -335,7 +349,7 @@ mod tests {
             block_bytes: 64,
             latency_cycles: 1,
         });
-        assert_eq!((c.words[c.off..].as_ptr() as usize) % 64, 0);
+        assert_eq!((c.recs.as_ptr() as usize) % 64, 0);
         // blocks 0, 8, 16, 24, 32 map to set 0 of 8 sets
         for b in [0, 8, 16, 24] {
             let l = c.victim(b);
@@ -347,12 +361,63 @@ mod tests {
         let v = c.victim(32);
         assert_eq!(c.tag(v), 8, "block 8 is LRU");
         let d = c.clone();
-        assert_eq!((d.words[d.off..].as_ptr() as usize) % 64, 0);
+        assert_eq!((d.recs.as_ptr() as usize) % 64, 0);
         for b in [0, 8, 16, 24] {
             assert_eq!(d.lookup(b), c.lookup(b));
             assert_eq!(d.meta[d.lookup(b).unwrap()], b as u8);
         }
         assert_eq!(d.victim(32), v);
         assert_eq!(c.lookup(9), None, "other sets stay empty");
+    }
+    #[test]
+    fn any_ways_match_a_reference() {
+        // one or several records per set, padded or not: lookups and
+        // victims against a plain model of tags and stamps per way
+        for ways in [1usize, 2, 3, 4, 5, 6, 8] {
+            let sets = 4;
+            let mut c: Cache<u8> = Cache::new(&CacheConfig {
+                size_bytes: (sets * ways * 64) as u64,
+                ways: ways as u64,
+                block_bytes: 64,
+                latency_cycles: 1,
+            });
+            let mut model = vec![vec![None::<(u64, u64)>; ways]; sets];
+            let mut clock = 0;
+            let mut x = 12345u64;
+            for _ in 0..3000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let b = (x >> 33) % 40;
+                let s = (b % sets as u64) as usize;
+                let r = &mut model[s];
+                let want = r.iter().position(|e| e.is_some_and(|(t, _)| t == b));
+                assert_eq!(c.lookup(b), want.map(|w| s * ways + w), "{ways} ways");
+                match want {
+                    Some(w) if (x >> 20) & 7 == 0 => {
+                        c.clear(s * ways + w);
+                        r[w] = None;
+                    }
+                    Some(w) => {
+                        c.touch(s * ways + w);
+                        clock += 1;
+                        r[w] = Some((b, clock));
+                    }
+                    None => {
+                        let v = r.iter().position(|e| e.is_none()).unwrap_or_else(|| {
+                            (0..ways).min_by_key(|&w| r[w].map(|e| e.1)).unwrap()
+                        });
+                        assert_eq!(c.victim(b), s * ways + v, "{ways} ways");
+                        assert_eq!(c.victim_where(b, |_| true), s * ways + v);
+                        c.fill(s * ways + v, b, 0);
+                        clock += 1;
+                        r[v] = Some((b, clock));
+                    }
+                }
+                for (w, e) in r.iter().enumerate() {
+                    assert_eq!(c.tag(s * ways + w), e.map_or(INVALID, |e| e.0));
+                }
+            }
+        }
     }
 }

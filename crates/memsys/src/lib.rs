@@ -238,6 +238,8 @@ pub struct MemSystem {
     cfg: MemConfig,
     shift: u32,
     table: &'static [[Option<Transition>; 6]; 5],
+    /// Per state: whether a load hits (`table`'s Load entry is a Hit).
+    read_hits: [bool; 5],
     l1i: Vec<Cache<L1Line>>,
     l1d: Vec<Cache<L1Line>>,
     l2: Cache<L2Line>,
@@ -286,6 +288,10 @@ impl MemSystem {
         MemSystem {
             shift: cfg.block_shift(),
             table: coherence::table(cfg.protocol),
+            read_hits: State::ALL.map(|st| {
+                coherence::table(cfg.protocol)[st as usize][Event::Load as usize]
+                    .is_some_and(|t| t.action == Action::Hit)
+            }),
             l1i: (0..cfg.cores).map(|_| Cache::new(&cfg.l1i)).collect(),
             l1d: (0..cfg.cores).map(|_| Cache::new(&cfg.l1d)).collect(),
             l2: Cache::new(&cfg.l2),
@@ -330,8 +336,81 @@ impl MemSystem {
     /// One access by `core` to physical address `pa`; returns its latency
     /// in cycles. TLB entries to invalidate (PCAM matches, L2 recalls) are
     /// appended to `probes`.
-    #[inline]
+    ///
+    /// A read with no probes to hand over is taken here: a hit inlined
+    /// into the caller, a miss by `miss` as `access_full` would call it.
+    /// Stores, and any access while a `pcam_insert` has left probes, go
+    /// out of line to `access_full`, which takes a read hit exactly as
+    /// `read_hit` does.
+    #[inline(always)]
     pub fn access(
+        &mut self,
+        core: usize,
+        pa: u64,
+        kind: AccessKind,
+        probes: &mut Vec<TlbProbe>,
+    ) -> u64 {
+        if kind != AccessKind::Store && self.deferred.is_empty() {
+            let block = pa >> self.shift;
+            return match self.read_hit(core, block, kind) {
+                Ok(lat) => lat,
+                // what `access_full` does for a read that does not hit
+                Err(found) => self.miss(core, block, pa, kind, found, probes),
+            };
+        }
+        self.access_full(core, pa, kind, probes)
+    }
+
+    /// A read (`kind` not a store) of `block` by `core` that hits its L1
+    /// in a readable state: recorded, checked and priced. Otherwise
+    /// nothing is done and the error is the line holding the block, if
+    /// any.
+    #[inline(always)]
+    fn read_hit(
+        &mut self,
+        core: usize,
+        block: u64,
+        kind: AccessKind,
+    ) -> Result<u64, Option<usize>> {
+        debug_assert_ne!(kind, AccessKind::Store);
+        let cache = if kind == AccessKind::IFetch {
+            &mut self.l1i[core]
+        } else {
+            &mut self.l1d[core]
+        };
+        let line = cache.lookup(block).ok_or(None)?;
+        let m = cache.meta[line];
+        if !self.read_hits[m.state as usize] {
+            return Err(Some(line));
+        }
+        cache.touch(line);
+        let lat = cache.latency;
+        let g = &self.l2.meta[m.l2 as usize];
+        let (l2_ok, gver) = (g.block == block, g.version);
+        match kind {
+            AccessKind::IFetch => self.stats.l1i_hits += 1,
+            AccessKind::WalkLoad => {
+                self.stats.l1d_hits += 1;
+                self.stats.walk_loads += 1;
+            }
+            _ => self.stats.l1d_hits += 1,
+        }
+        if self.checker.enabled {
+            if l2_ok {
+                self.checker.load(core, block, m.version, gver);
+            } else {
+                self.checker.report(|| {
+                    format!("inclusion: core {core} hit block {block:#x} absent from the L2")
+                });
+            }
+        }
+        Ok(lat)
+    }
+
+    /// `access`'s whole path: stores, misses, and probes left by a
+    /// `pcam_insert` handed over first.
+    #[inline(never)]
+    fn access_full(
         &mut self,
         core: usize,
         pa: u64,
@@ -602,6 +681,7 @@ impl MemSystem {
         }
     }
 
+    #[inline(never)]
     fn miss(
         &mut self,
         c: usize,
