@@ -4,6 +4,8 @@
 //! aging seizes the process and shoots nothing, SVR4's global daemon
 //! shoots; and the broken variants of each are caught by the oracle.
 
+mod common;
+
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -11,26 +13,15 @@ use mmulab_kernel::pageout::PageoutCall;
 use mmulab_kernel::program::FnProgram;
 use mmulab_kernel::segmap::SegmapCall;
 use mmulab_kernel::{
-    Costs, KernelParams, Op, Prot, RefKind, Refs, Sim, SimConfig, SimResult, Syscall, ThreadCtx,
+    KernelParams, Op, Prot, RefKind, Refs, Sim, SimConfig, SimResult, Syscall, ThreadCtx,
 };
-use mmulab_machine::{CpuId, PtFormat, TlbConfig};
+use mmulab_machine::CpuId;
 use mmulab_protocols::{ProtocolOptions, find};
 
 fn sim(protocol: &str, cpus: usize, kernel: KernelParams) -> Sim {
     let cfg = SimConfig {
-        cpus,
-        tlb: TlbConfig::default(),
-        pt_format: PtFormat::I386,
-        costs: Costs::default(),
-        quantum_cycles: 50,
-        memory_frames: 4096,
-        seed: 7,
-        spin_bound: 1_000_000,
-        max_cycles: 1_000_000_000,
-        disabled_windows: None,
-        trap_disabled_mean_cycles: 0,
         kernel,
-        memory: None,
+        ..common::small_config(cpus, 7)
     };
     Sim::new(
         cfg,

@@ -2,30 +2,18 @@
 //! online calls: the last online CPU is never taken offline, and a CPU
 //! brought back runs again.
 
+mod common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use mmulab_kernel::program::FnProgram;
-use mmulab_kernel::{Costs, KernelParams, Op, Sim, SimConfig, Syscall};
-use mmulab_machine::{CpuId, PtFormat, TlbConfig};
+use mmulab_kernel::{Op, Sim, Syscall};
+use mmulab_machine::CpuId;
 use mmulab_protocols::{ProtocolOptions, find};
 
 fn sim(cpus: usize) -> Sim {
-    let cfg = SimConfig {
-        cpus,
-        tlb: TlbConfig::default(),
-        pt_format: PtFormat::I386,
-        costs: Costs::default(),
-        quantum_cycles: 50,
-        memory_frames: 4096,
-        seed: 7,
-        spin_bound: 1_000_000,
-        max_cycles: 1_000_000_000,
-        disabled_windows: None,
-        trap_disabled_mean_cycles: 0,
-        kernel: KernelParams::default(),
-        memory: None,
-    };
+    let cfg = common::small_config(cpus, 7);
     Sim::new(
         cfg,
         (find("svr42").unwrap().make)(&ProtocolOptions::default()),

@@ -6,15 +6,15 @@
 //! `svr42-pageunload-blocking` is flagged by the lock-order checker.
 //! Also: per-CPU level-1 directories and the fork-chunk switch.
 
+mod common;
+
 use std::cell::Cell;
 use std::rc::Rc;
 
 use mmulab_kernel::pageout::PageoutCall;
 use mmulab_kernel::program::FnProgram;
-use mmulab_kernel::{
-    Costs, KernelParams, Op, Prot, RefKind, Refs, Sim, SimConfig, SimResult, Syscall, ThreadCtx,
-};
-use mmulab_machine::{CpuId, PtFormat, TlbConfig};
+use mmulab_kernel::{Op, Prot, RefKind, Refs, Sim, SimConfig, SimResult, Syscall, ThreadCtx};
+use mmulab_machine::CpuId;
 use mmulab_protocols::{ProtocolOptions, find};
 
 const PAGES: u64 = 32;
@@ -30,19 +30,8 @@ fn script(steps: Vec<Step>) -> Box<dyn mmulab_kernel::Program> {
 
 fn sim(protocol: &str, seed: u64, opts: &ProtocolOptions) -> Sim {
     let cfg = SimConfig {
-        cpus: 2,
-        tlb: TlbConfig::default(),
-        pt_format: PtFormat::I386,
-        costs: Costs::default(),
-        quantum_cycles: 50,
-        memory_frames: 4096,
-        seed,
         spin_bound: 200_000,
-        max_cycles: 1_000_000_000,
-        disabled_windows: None,
-        trap_disabled_mean_cycles: 0,
-        kernel: KernelParams::default(),
-        memory: None,
+        ..common::small_config(2, seed)
     };
     Sim::new(cfg, (find(protocol).unwrap().make)(opts))
 }

@@ -2,30 +2,21 @@
 //! by the walker, copy-on-write after fork, and the tester's race under
 //! Mach with two initiators on different pmaps (kernel and user).
 
+mod common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use mmulab_engine::Cycles;
 use mmulab_kernel::program::FnProgram;
-use mmulab_kernel::{Costs, Op, Prot, RefKind, Refs, Sim, SimConfig, Syscall};
-use mmulab_machine::{PtFormat, TlbConfig, Vpn};
+use mmulab_kernel::{Op, Prot, RefKind, Refs, Sim, SimConfig, Syscall};
+use mmulab_machine::{PtFormat, Vpn};
 use mmulab_protocols::{ProtocolOptions, find};
 
 fn sim(protocol: &str, cpus: usize) -> Sim {
     let cfg = SimConfig {
-        cpus,
-        tlb: TlbConfig::default(),
         pt_format: PtFormat::X86_64,
-        costs: Costs::default(),
-        quantum_cycles: 50,
-        memory_frames: 4096,
-        seed: 7,
-        spin_bound: 1_000_000,
-        max_cycles: 1_000_000_000,
-        disabled_windows: None,
-        trap_disabled_mean_cycles: 0,
-        kernel: mmulab_kernel::KernelParams::default(),
-        memory: None,
+        ..common::small_config(cpus, 7)
     };
     Sim::new(
         cfg,
