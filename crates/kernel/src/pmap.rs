@@ -182,8 +182,10 @@ pub trait Protocol {
     /// A reader/writer address-map lock without the rest of SVR4.2's VM
     /// locking: Mach's vm_map lock, a complex lock (`lock_t`, kern/lock.c)
     /// that `vm_map_lookup` takes with `vm_map_lock_read` for a fault and
-    /// map changes (`vm_map_protect`, `vm_map_enter`, `vm_map_delete`)
-    /// take with `vm_map_lock`, initialised `lock_init(&map->lock, TRUE)`
+    /// map changes take with `vm_map_lock` (read in the sources for
+    /// `vm_map_machine_attribute`; that `vm_map_protect`, `vm_map_enter`
+    /// and `vm_map_delete` do the same is [A], from that pattern, not read),
+    /// initialised `lock_init(&map->lock, TRUE)`
     /// (a waiter spins `lock_wait_time` loop iterations, then sleeps).
     /// Faults take the task's map lock shared, memory calls exclusive;
     /// waiters sleep ([`Sim::sleep_lock`]). Concurrent faults on one task

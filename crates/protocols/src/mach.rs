@@ -174,7 +174,8 @@ impl Protocol for Mach {
     /// Mach's vm_map lock is a read/write complex lock: a fault holds it
     /// shared (`vm_map_lookup`'s `vm_map_lock_read`, held to
     /// `vm_map_lookup_done` without MACH_XP's map versions), memory calls
-    /// exclusive (`vm_map_protect` and the others take `vm_map_lock`);
+    /// exclusive (map changes take `vm_map_lock`; for `vm_map_protect`
+    /// that is [A], see there);
     /// see `Protocol::rw_map_lock`. The same for the negative-control
     /// mutations, which must differ from `mach` only in the mutation.
     fn rw_map_lock(&self) -> bool {
