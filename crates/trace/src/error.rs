@@ -64,6 +64,14 @@ pub enum TraceError {
         offset: u64,
         detail: String,
     },
+    /// A plain text trace cut short by another process while it was
+    /// decoded from its memory map (see `mapped`).
+    #[error(
+        "{}: the file was cut short while it was being read ({was} bytes when opened, {now} now; \
+         another process truncated or rewrote it): no result from it; rerun once it is complete",
+        path.display()
+    )]
+    CutWhileRead { path: PathBuf, was: u64, now: u64 },
     /// An operating-system error on a file. The OS error is part of the
     /// message and not a `source`, so a chain printer does not say it twice
     /// ("No such file or directory (os error 2)" came out twice).

@@ -139,11 +139,25 @@ pub fn decode_text<S: LackeySink>(
         && let Some(map) = Mapped::open(&input.path)
     {
         let bytes = map.bytes();
+        // A file cut short under the map reads as zeros past its new end
+        // (see `mapped`): whatever the decoder made of them, the error is
+        // the cut.
+        let cut = |map: &Mapped| {
+            map.cut().map(|now| TraceError::CutWhileRead {
+                path: input.path.clone(),
+                was: map.len() as u64,
+                now,
+            })
+        };
         let mut at = 0;
         while at < bytes.len() {
             let end = (at + PIECE).min(bytes.len());
             map.populate(at, end);
-            decoder.feed(&bytes[at..end], sink)?;
+            let fed = decoder.feed(&bytes[at..end], sink);
+            if let Some(e) = cut(&map) {
+                return Err(e);
+            }
+            fed?;
             at = end;
         }
         return decoder.finish(opts.allow_truncated, sink);
