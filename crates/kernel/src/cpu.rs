@@ -31,6 +31,11 @@ pub enum Irq {
     Shootdown = 0,
     /// Wake an idle CPU to run a thread.
     Reschedule = 1,
+    /// The clock tick (`kernel.disabled_windows`) arriving while the CPU
+    /// runs kernel code or idles; its handler's length is `Cpu::clock_len`.
+    /// (A tick in user mode enters the kernel directly, `Entry::
+    /// DisabledWindow`.)
+    Clock = 2,
 }
 
 impl Irq {
@@ -65,6 +70,9 @@ pub struct Cpu {
     pub control_itlb_unflushed: bool,
     pub ipl: Ipl,
     pub pending: u32,
+    /// The handler length of the clock tick on its way or pending (0:
+    /// none).
+    pub clock_len: u64,
     /// The level each pending interrupt arrives at.
     pub shootdown_level: Ipl,
     /// The thread on this CPU (None when idle).
@@ -141,6 +149,7 @@ impl Cpu {
             control_itlb_unflushed: false,
             ipl: Ipl::NONE,
             pending: 0,
+            clock_len: 0,
             shootdown_level: Ipl::ALL,
             thread: None,
             pmap: None,
@@ -166,13 +175,15 @@ impl Cpu {
         match irq {
             Irq::Shootdown => self.shootdown_level,
             Irq::Reschedule => Ipl::DEVICE,
+            // A device interrupt: splhigh (`Ipl::HIGH`) masks it.
+            Irq::Clock => Ipl::HIGH,
         }
     }
 
     /// The highest-priority pending interrupt that the current level lets
     /// through.
     pub fn takeable(&self) -> Option<Irq> {
-        [Irq::Shootdown, Irq::Reschedule]
+        [Irq::Shootdown, Irq::Reschedule, Irq::Clock]
             .into_iter()
             .find(|&irq| self.pending & irq.bit() != 0 && self.level_of(irq) > self.ipl)
     }

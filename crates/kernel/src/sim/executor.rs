@@ -429,8 +429,23 @@ impl Sim {
         if user {
             c.slice_gen += 1;
         }
+        // A CPU in the kernel (or idle) gets the tick too, as an interrupt
+        // taken where its level next lets it through (it used to be
+        // skipped: the ticks reached user-mode CPUs only).
+        let in_kernel = c.mode == Mode::Kernel && c.online;
+        let tick = in_kernel && c.clock_len == 0;
+        if tick {
+            c.clock_len = len.max(1);
+        }
         w.queue
             .push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
+        if tick {
+            w.queue.push(t, Event::Irq { cpu, irq: Irq::Clock });
+            w.counters.add("kernel.clock_ticks_in_kernel", 1);
+        } else if in_kernel {
+            // the last tick's handler has not run yet
+            w.counters.add("kernel.clock_ticks_merged", 1);
+        }
         if user {
             w.counters.add("kernel.disabled_windows", 1);
             drop(w);

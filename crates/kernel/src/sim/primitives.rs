@@ -125,10 +125,30 @@ impl Sim {
                 let bus = Self::bus_penalty(&mut self.w(), &costs);
                 self.sleep_for(cpu, Cycles(costs.ipi_dispatch_cycles) + bus)
                     .await;
-                if irq == Irq::Shootdown {
-                    self.count("interrupts.shootdown", 1);
-                    let p = self.protocol();
-                    p.interrupt(self, cpu).await;
+                match irq {
+                    Irq::Shootdown => {
+                        self.count("interrupts.shootdown", 1);
+                        let p = self.protocol();
+                        p.interrupt(self, cpu).await;
+                    }
+                    Irq::Clock => {
+                        // The tick's handler, masked as a user-mode tick's
+                        // is (`Entry::DisabledWindow`): at the kernel's
+                        // section level, and preempted only by what that
+                        // level lets through.
+                        let len = {
+                            let mut w = self.w();
+                            let len = std::mem::take(&mut w.cpus[cpu.index()].clock_len);
+                            let section = w.cfg.kernel.disabled_ipl;
+                            let c = &mut w.cpus[cpu.index()];
+                            c.ipl = c.ipl.max(section);
+                            len
+                        };
+                        debug_assert!(len > 0, "a clock interrupt without its tick");
+                        self.count("interrupts.clock", 1);
+                        self.preemptible_delay(cpu, Cycles(len)).await;
+                    }
+                    Irq::Reschedule => {}
                 }
                 self.sleep_for(cpu, Cycles(costs.ipi_return_cycles)).await;
                 self.set_ipl(cpu, saved);
