@@ -357,12 +357,18 @@ impl Protocol for Mach {
     }
 
     /// Joining a pmap's users takes its lock, so that a CPU never starts
-    /// using a pmap in the middle of a change that did not include it.
+    /// using a pmap in the middle of a change that did not include it. The
+    /// lock is held with every interrupt masked, as the initiator holds it
+    /// (Fig. 1; §4: a lock is held at its interrupt level or higher), so
+    /// that no interrupt handler (a clock tick) runs while the lock is
+    /// held and an initiator waits for it; the wait for the lock takes
+    /// interrupts as any spin does.
     fn activate<'a>(&'a self, sim: &'a Sim, cpu: CpuId, pmap: PmapId) -> KFuture<'a> {
         Box::pin(async move {
-            sim.lock_pmap(cpu, pmap).await;
+            let saved = sim.lock_pmap_at(cpu, pmap, Ipl::ALL).await;
             let c = sim.load_pmap(cpu, pmap);
             sim.unlock_pmap(cpu, pmap).await;
+            sim.restore_ipl(cpu, saved).await;
             sim.delay(cpu, c).await;
         })
     }

@@ -440,7 +440,13 @@ impl Sim {
         w.queue
             .push(t + Cycles(len + gap), Event::DisabledWindow(cpu));
         if tick {
-            w.queue.push(t, Event::Irq { cpu, irq: Irq::Clock });
+            w.queue.push(
+                t,
+                Event::Irq {
+                    cpu,
+                    irq: Irq::Clock,
+                },
+            );
             w.counters.add("kernel.clock_ticks_in_kernel", 1);
         } else if in_kernel {
             // the last tick's handler has not run yet

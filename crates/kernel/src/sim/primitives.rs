@@ -77,6 +77,12 @@ impl Sim {
     /// goes on after the handler. At a level that masks everything this
     /// is `delay`, event for event.
     pub async fn preemptible_delay(&self, cpu: CpuId, c: Cycles) {
+        // An interrupt that arrived before the section began (during the
+        // entry or the dispatch before it, when nothing was waiting to be
+        // woken) is taken first, not after the whole section.
+        if self.w().cpus[cpu.index()].takeable().is_some() {
+            self.take_interrupts(cpu).await;
+        }
         let mut left = c.0;
         loop {
             let from = self.now();
@@ -305,8 +311,24 @@ impl Sim {
 
     /// Acquires a pmap's spin lock.
     pub async fn lock_pmap(&self, cpu: CpuId, pmap: PmapId) {
+        self.lock_pmap_raising(cpu, pmap, None).await;
+    }
+
+    /// `lock_pmap`, waiting at the current level (taking interrupts, so
+    /// that a waiter never blocks a shootdown its lock's holder waits for)
+    /// and raising the level to `ipl` the moment the lock is taken (black89
+    /// §4: a lock is held at its interrupt level or higher). Returns the
+    /// level to restore after the unlock.
+    pub async fn lock_pmap_at(&self, cpu: CpuId, pmap: PmapId, ipl: Ipl) -> Ipl {
+        self.lock_pmap_raising(cpu, pmap, Some(ipl))
+            .await
+            .expect("a level was given")
+    }
+
+    async fn lock_pmap_raising(&self, cpu: CpuId, pmap: PmapId, ipl: Option<Ipl>) -> Option<Ipl> {
         let costs = self.costs();
         let order = self.lock_enter(cpu, crate::lockorder::LockRef::Pmap(pmap));
+        let saved;
         loop {
             {
                 let mut w = self.w();
@@ -315,6 +337,12 @@ impl Sim {
                 if p.lock.is_none() {
                     p.lock = Some(cpu);
                     w.touch(Watch::Pmap(pmap));
+                    let c = &mut w.cpus[cpu.index()];
+                    saved = ipl.map(|l| {
+                        let old = c.ipl;
+                        c.ipl = old.max(l);
+                        old
+                    });
                     break;
                 }
             }
@@ -328,6 +356,7 @@ impl Sim {
         }
         self.lock_acquired(cpu, crate::lockorder::LockRef::Pmap(pmap), order);
         self.delay(cpu, Cycles(costs.lock_cycles)).await;
+        saved
     }
 
     /// Tries a pmap's spin lock once, without waiting: true when taken.
