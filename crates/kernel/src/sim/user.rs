@@ -283,7 +283,7 @@ fn run_batch<const MEM: bool>(
                     // store, self-snoops the PCAMs: romanescu10 §5.2).
                     let pa = (pfn.0 << PAGE_SHIFT) | off;
                     let lat = match refs.kind {
-                        RefKind::Load => w.mem_access(cpu, pa, AccessKind::Load),
+                        RefKind::Load => w.mem_load(cpu, pa),
                         RefKind::Store(_) => w.mem_access(cpu, pa, AccessKind::Store),
                         RefKind::Increment => {
                             w.mem_access(cpu, pa, AccessKind::Load)
