@@ -284,7 +284,7 @@ fn run_batch<const MEM: bool>(
                     let pa = (pfn.0 << PAGE_SHIFT) | off;
                     let lat = match refs.kind {
                         RefKind::Load => w.mem_load(cpu, pa),
-                        RefKind::Store(_) => w.mem_access(cpu, pa, AccessKind::Store),
+                        RefKind::Store(_) => w.mem_store(cpu, pa),
                         RefKind::Increment => {
                             w.mem_access(cpu, pa, AccessKind::Load)
                                 + w.mem_access(cpu, pa, AccessKind::Store)
