@@ -551,6 +551,8 @@ impl MemSystem {
     }
 
     /// One core's PCAM coherence lookup (§4.2), behind its Jetty (§6.4).
+    /// The filter is inlined: it stops most of a store's self-snoops.
+    #[inline]
     fn probe_core(
         &mut self,
         core: usize,
@@ -559,11 +561,24 @@ impl MemSystem {
         l2i: usize,
         probes: &mut Vec<TlbProbe>,
     ) {
-        let bank = &mut self.pcams[core];
-        if self.cfg.jetty && !bank.jetty.may_contain(block << self.shift) {
+        if self.cfg.jetty && !self.pcams[core].jetty.may_contain(block << self.shift) {
             self.stats.jetty_filtered += 1;
             return;
         }
+        self.lookup_pcams(core, block, pa, l2i, probes);
+    }
+
+    /// `probe_core` past the Jetty.
+    #[inline(never)]
+    fn lookup_pcams(
+        &mut self,
+        core: usize,
+        block: u64,
+        pa: u64,
+        l2i: usize,
+        probes: &mut Vec<TlbProbe>,
+    ) {
+        let bank = &mut self.pcams[core];
         self.stats.pcam_lookups += 1;
         if self.cfg.faults.pcam_disabled {
             return;
