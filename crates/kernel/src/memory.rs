@@ -76,6 +76,34 @@ impl World {
         Cycles(lat)
     }
 
+    /// `mem_access` of a user load, inlined into the user loop: a read hit
+    /// then costs no call. The same steps as `mem_access`.
+    #[inline(always)]
+    pub(crate) fn mem_load(&mut self, cpu: CpuId, pa: u64) -> Cycles {
+        let Some(ms) = self.memsys.as_mut() else {
+            return Cycles(0);
+        };
+        let lat = ms.access(cpu.index(), pa, AccessKind::Load, &mut self.probes);
+        if !self.probes.is_empty() {
+            self.apply_probes();
+        }
+        Cycles(lat)
+    }
+
+    /// `mem_access` of a user store, inlined into the user loop like
+    /// `mem_load`.
+    #[inline(always)]
+    pub(crate) fn mem_store(&mut self, cpu: CpuId, pa: u64) -> Cycles {
+        let Some(ms) = self.memsys.as_mut() else {
+            return Cycles(0);
+        };
+        let lat = ms.store(cpu.index(), pa, &mut self.probes);
+        if !self.probes.is_empty() {
+            self.apply_probes();
+        }
+        Cycles(lat)
+    }
+
     /// Invalidates the TLB entries whose PCAM entries matched. An access
     /// in flight whose translation is invalidated is killed: it must
     /// replay (§5.1). That includes a recall of the PTE's block from the

@@ -9,10 +9,16 @@
 
 use crate::ids::Pfn;
 
+/// Eight words of a data frame, aligned like a host cache line, so that a
+/// simulated 64-byte block is one host line (one miss, one prefetch).
+#[derive(Clone, Copy, Debug)]
+#[repr(align(64))]
+struct Line([u64; 8]);
+
 #[derive(Debug)]
 enum Frame {
     Free,
-    Data(Box<[u64]>),
+    Data(Box<[Line]>),
     Table(Box<[u64]>),
 }
 
@@ -72,8 +78,8 @@ impl PhysMem {
     /// A zero-filled data frame.
     pub fn alloc_data(&mut self) -> Result<Pfn, OutOfMemory> {
         let pfn = self.take_frame()?;
-        let words = (self.page_size / 8) as usize;
-        self.frames[pfn.0 as usize] = Frame::Data(vec![0; words].into_boxed_slice());
+        let lines = (self.page_size / 64) as usize;
+        self.frames[pfn.0 as usize] = Frame::Data(vec![Line([0; 8]); lines].into_boxed_slice());
         Ok(pfn)
     }
 
@@ -97,7 +103,7 @@ impl PhysMem {
     }
 
     #[inline]
-    pub fn data(&self, pfn: Pfn) -> &[u64] {
+    fn data(&self, pfn: Pfn) -> &[Line] {
         match &self.frames[pfn.0 as usize] {
             Frame::Data(d) => d,
             other => panic!("{pfn} is not a data frame: {other:?}"),
@@ -105,7 +111,7 @@ impl PhysMem {
     }
 
     #[inline]
-    pub fn data_mut(&mut self, pfn: Pfn) -> &mut [u64] {
+    fn data_mut(&mut self, pfn: Pfn) -> &mut [Line] {
         match &mut self.frames[pfn.0 as usize] {
             Frame::Data(d) => d,
             Frame::Free => panic!("{pfn} is free"),
@@ -136,7 +142,8 @@ impl PhysMem {
     /// A 64-bit word load; `offset` is the byte offset within the frame.
     #[inline]
     pub fn load(&self, pfn: Pfn, offset: u64) -> u64 {
-        self.data(pfn)[(offset / 8) as usize]
+        let i = (offset / 8) as usize;
+        self.data(pfn)[i / 8].0[i % 8]
     }
 
     /// Hints the host to fetch the word at `offset` of data frame `pfn`
@@ -144,14 +151,14 @@ impl PhysMem {
     #[inline]
     pub fn prefetch(&self, pfn: Pfn, offset: u64) {
         if let Some(Frame::Data(d)) = self.frames.get(pfn.0 as usize)
-            && let Some(w) = d.get((offset / 8) as usize)
+            && let Some(w) = d.get((offset / 64) as usize)
         {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a prefetch never faults and reads nothing the program
             // sees; SSE is part of the x86-64 baseline.
             unsafe {
                 use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-                _mm_prefetch::<_MM_HINT_T0>((w as *const u64).cast());
+                _mm_prefetch::<_MM_HINT_T0>((w as *const Line).cast());
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = w;
@@ -160,7 +167,8 @@ impl PhysMem {
 
     #[inline]
     pub fn store(&mut self, pfn: Pfn, offset: u64, value: u64) {
-        self.data_mut(pfn)[(offset / 8) as usize] = value;
+        let i = (offset / 8) as usize;
+        self.data_mut(pfn)[i / 8].0[i % 8] = value;
     }
 }
 

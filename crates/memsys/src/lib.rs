@@ -361,6 +361,58 @@ impl MemSystem {
         self.access_full(core, pa, kind, probes)
     }
 
+    /// `access` of a store, for a caller that knows it stores: a hit is
+    /// taken here (`store_hit`), a miss by `miss` as `access_full` would
+    /// call it. (Apart from `access`, whose read path inlined into its
+    /// callers stays as small.)
+    #[inline(always)]
+    pub fn store(&mut self, core: usize, pa: u64, probes: &mut Vec<TlbProbe>) -> u64 {
+        if self.deferred.is_empty() {
+            let block = pa >> self.shift;
+            return match self.store_hit(core, block, pa, probes) {
+                Ok(lat) => lat,
+                Err(found) => self.miss(core, block, pa, AccessKind::Store, found, probes),
+            };
+        }
+        self.access_full(core, pa, AccessKind::Store, probes)
+    }
+
+    /// A store of `block` (at `pa`) by `core` that hits its L1D in a
+    /// writable state, taken as `access_full` takes it: recorded, the
+    /// versions bumped, the self-snoop made, priced. Otherwise nothing is
+    /// done and the error is the line holding the block, if any.
+    #[inline(always)]
+    fn store_hit(
+        &mut self,
+        core: usize,
+        block: u64,
+        pa: u64,
+        probes: &mut Vec<TlbProbe>,
+    ) -> Result<u64, Option<usize>> {
+        let cache = &mut self.l1d[core];
+        let line = cache.lookup(block).ok_or(None)?;
+        let m = cache.meta[line];
+        let t = match self.table[m.state as usize][Event::Store as usize] {
+            Some(t) if t.action == Action::Hit => t,
+            _ => return Err(Some(line)),
+        };
+        cache.touch(line);
+        let lat = cache.latency;
+        self.stats.l1d_hits += 1;
+        self.stats.stores += 1;
+        // E → M is silent; both are exclusive, counts hold.
+        let l1 = &mut cache.meta[line];
+        l1.state = t.next;
+        let l2i = m.l2 as usize;
+        let g = &mut self.l2.meta[l2i];
+        if g.block == block {
+            g.version += 1;
+            l1.version = g.version;
+        }
+        self.after_store(core, block, pa, l2i, probes);
+        Ok(lat)
+    }
+
     /// A read (`kind` not a store) of `block` by `core` that hits its L1
     /// in a readable state: recorded, checked and priced. Otherwise
     /// nothing is done and the error is the line holding the block, if
@@ -499,6 +551,8 @@ impl MemSystem {
     }
 
     /// One core's PCAM coherence lookup (§4.2), behind its Jetty (§6.4).
+    /// The filter is inlined: it stops most of a store's self-snoops.
+    #[inline]
     fn probe_core(
         &mut self,
         core: usize,
@@ -507,11 +561,24 @@ impl MemSystem {
         l2i: usize,
         probes: &mut Vec<TlbProbe>,
     ) {
-        let bank = &mut self.pcams[core];
-        if self.cfg.jetty && !bank.jetty.may_contain(block << self.shift) {
+        if self.cfg.jetty && !self.pcams[core].jetty.may_contain(block << self.shift) {
             self.stats.jetty_filtered += 1;
             return;
         }
+        self.lookup_pcams(core, block, pa, l2i, probes);
+    }
+
+    /// `probe_core` past the Jetty.
+    #[inline(never)]
+    fn lookup_pcams(
+        &mut self,
+        core: usize,
+        block: u64,
+        pa: u64,
+        l2i: usize,
+        probes: &mut Vec<TlbProbe>,
+    ) {
+        let bank = &mut self.pcams[core];
         self.stats.pcam_lookups += 1;
         if self.cfg.faults.pcam_disabled {
             return;

@@ -274,17 +274,20 @@ fn run_batch<const MEM: bool>(
                     last = Some((vpn, slot));
                 }
                 let off = (va & (PAGE_SIZE - 1)) & !7;
-                if MEM && off + refs.stride < PAGE_SIZE {
-                    // the next reference of a sweep, while the caches work
-                    w.mem.prefetch(pfn, off + refs.stride);
+                let next = off + refs.stride;
+                if MEM && next < PAGE_SIZE && (next ^ off) >= 64 {
+                    // the next reference of a sweep, while the caches work,
+                    // when it starts a new 64-byte block (the host line
+                    // with this one's is already here)
+                    w.mem.prefetch(pfn, next);
                 }
                 if MEM {
                     // The access goes through the caches (and, being a
                     // store, self-snoops the PCAMs: romanescu10 §5.2).
                     let pa = (pfn.0 << PAGE_SHIFT) | off;
                     let lat = match refs.kind {
-                        RefKind::Load => w.mem_access(cpu, pa, AccessKind::Load),
-                        RefKind::Store(_) => w.mem_access(cpu, pa, AccessKind::Store),
+                        RefKind::Load => w.mem_load(cpu, pa),
+                        RefKind::Store(_) => w.mem_store(cpu, pa),
                         RefKind::Increment => {
                             w.mem_access(cpu, pa, AccessKind::Load)
                                 + w.mem_access(cpu, pa, AccessKind::Store)
