@@ -32,7 +32,8 @@ pub enum Irq {
     /// Wake an idle CPU to run a thread.
     Reschedule = 1,
     /// The clock tick (`kernel.disabled_windows`) arriving while the CPU
-    /// runs kernel code or idles; its handler's length is `Cpu::clock_len`.
+    /// runs kernel code (an idle CPU's tick is not simulated); its
+    /// handler's length is `Cpu::clock_len`.
     /// (A tick in user mode enters the kernel directly, `Entry::
     /// DisabledWindow`.)
     Clock = 2,
