@@ -40,11 +40,13 @@ use rayon::prelude::*;
 use crate::spec::SpecError;
 
 mod captures;
+mod design_space;
 mod paper_tables;
 mod stages;
 mod trap_run;
 
 use captures::*;
+use design_space::*;
 use paper_tables::*;
 use stages::*;
 use trap_run::*;
