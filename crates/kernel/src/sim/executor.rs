@@ -435,8 +435,8 @@ impl Sim {
         // simulated: its only effect would be to hold the CPU in the idle
         // loop for the rest of the handler, and at 1,024 CPUs these ticks
         // were most of the run's events (docs/papers/black89.md).
-        let idle = c.mode == Mode::Kernel && c.online && c.idle;
-        let in_kernel = c.mode == Mode::Kernel && c.online && !c.idle;
+        let kernel = c.mode == Mode::Kernel && c.online;
+        let (idle, in_kernel) = (kernel && c.idle, kernel && !c.idle);
         let tick = in_kernel && c.clock_len == 0;
         if tick {
             c.clock_len = len.max(1);
