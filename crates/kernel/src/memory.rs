@@ -76,34 +76,6 @@ impl World {
         Cycles(lat)
     }
 
-    /// `mem_access` of a user load, inlined into the user loop: a read hit
-    /// then costs no call. The same steps as `mem_access`.
-    #[inline(always)]
-    pub(crate) fn mem_load(&mut self, cpu: CpuId, pa: u64) -> Cycles {
-        let Some(ms) = self.memsys.as_mut() else {
-            return Cycles(0);
-        };
-        let lat = ms.access(cpu.index(), pa, AccessKind::Load, &mut self.probes);
-        if !self.probes.is_empty() {
-            self.apply_probes();
-        }
-        Cycles(lat)
-    }
-
-    /// `mem_access` of a user store, inlined into the user loop like
-    /// `mem_load`.
-    #[inline(always)]
-    pub(crate) fn mem_store(&mut self, cpu: CpuId, pa: u64) -> Cycles {
-        let Some(ms) = self.memsys.as_mut() else {
-            return Cycles(0);
-        };
-        let lat = ms.store(cpu.index(), pa, &mut self.probes);
-        if !self.probes.is_empty() {
-            self.apply_probes();
-        }
-        Cycles(lat)
-    }
-
     /// Invalidates the TLB entries whose PCAM entries matched. An access
     /// in flight whose translation is invalidated is killed: it must
     /// replay (§5.1). That includes a recall of the PTE's block from the
@@ -111,31 +83,7 @@ impl World {
     /// unseen.
     #[inline(never)]
     fn apply_probes(&mut self) {
-        let mut probes = std::mem::take(&mut self.probes);
-        for p in probes.drain(..) {
-            let c = &mut self.cpus[p.core];
-            let e = match p.tlb {
-                DTLB => c.tlb.entry_mut(p.index),
-                ITLB if c.control_itlb_unflushed => continue,
-                ITLB => c
-                    .itlb
-                    .as_mut()
-                    .expect("an I-TLB PCAM hit on a core without an I-TLB")
-                    .entry_mut(p.index),
-                t => unreachable!("PCAM {t}: a core has an I-TLB and a D-TLB only"),
-            };
-            if e.valid {
-                e.valid = false;
-                self.counters.add("unitd.tlb_invalidations", 1);
-                if let Some(f) = c.inflight.as_mut()
-                    && p.tlb == DTLB
-                    && f.slot == p.index
-                {
-                    f.killed = true;
-                }
-            }
-        }
-        self.probes = probes;
+        apply_probes(&mut self.cpus, &mut self.counters, &mut self.probes);
     }
 
     /// The reductions recorded for `slot` took effect with a PTE store
@@ -219,6 +167,41 @@ impl World {
             off += block;
         }
         c
+    }
+}
+
+/// `World::apply_probes` on the world's parts, for a caller that holds
+/// other parts of it (the user hot path's run of references to one page):
+/// invalidates the TLB entries whose PCAM entries matched, and kills an
+/// access in flight whose translation that was.
+#[inline(never)]
+pub(crate) fn apply_probes(
+    cpus: &mut [crate::cpu::Cpu],
+    counters: &mut mmulab_engine::Counters,
+    probes: &mut Vec<mmulab_memsys::TlbProbe>,
+) {
+    for p in probes.drain(..) {
+        let c = &mut cpus[p.core];
+        let e = match p.tlb {
+            DTLB => c.tlb.entry_mut(p.index),
+            ITLB if c.control_itlb_unflushed => continue,
+            ITLB => c
+                .itlb
+                .as_mut()
+                .expect("an I-TLB PCAM hit on a core without an I-TLB")
+                .entry_mut(p.index),
+            t => unreachable!("PCAM {t}: a core has an I-TLB and a D-TLB only"),
+        };
+        if e.valid {
+            e.valid = false;
+            counters.add("unitd.tlb_invalidations", 1);
+            if let Some(f) = c.inflight.as_mut()
+                && p.tlb == DTLB
+                && f.slot == p.index
+            {
+                f.killed = true;
+            }
+        }
     }
 }
 

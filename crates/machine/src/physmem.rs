@@ -22,6 +22,34 @@ enum Frame {
     Table(Box<[u64]>),
 }
 
+/// The words of one data frame, resolved once: the user hot path takes a
+/// page's frame once per run of references to it instead of looking the
+/// frame up again for every word (`PhysMem::data_frame_mut`).
+pub struct DataFrame<'a>(&'a mut [Line]);
+
+impl DataFrame<'_> {
+    /// The word at byte `offset` (a multiple of 8, inside the page).
+    #[inline(always)]
+    pub fn load(&self, offset: u64) -> u64 {
+        let i = (offset / 8) as usize;
+        self.0[i / 8].0[i % 8]
+    }
+
+    #[inline(always)]
+    pub fn store(&mut self, offset: u64, value: u64) {
+        let i = (offset / 8) as usize;
+        self.0[i / 8].0[i % 8] = value;
+    }
+
+    /// Host-only hint, as `PhysMem::prefetch`.
+    #[inline(always)]
+    pub fn prefetch(&self, offset: u64) {
+        if let Some(w) = self.0.get((offset / 64) as usize) {
+            crate::prefetch(w);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct PhysMem {
     page_size: u64,
@@ -100,6 +128,16 @@ impl PhysMem {
     #[inline]
     pub fn is_data(&self, pfn: Pfn) -> bool {
         matches!(self.frames.get(pfn.0 as usize), Some(Frame::Data(_)))
+    }
+
+    /// Data frame `pfn`'s words, or `None` when `pfn` is no data frame
+    /// (a user access there is a wild access).
+    #[inline]
+    pub fn data_frame_mut(&mut self, pfn: Pfn) -> Option<DataFrame<'_>> {
+        match self.frames.get_mut(pfn.0 as usize) {
+            Some(Frame::Data(d)) => Some(DataFrame(d)),
+            _ => None,
+        }
     }
 
     #[inline]

@@ -4,6 +4,7 @@
 //! `sim.rs` unchanged.
 
 use super::*;
+use mmulab_machine::physmem::DataFrame;
 
 impl Sim {
     /// Schedules the next user slice of `cpu` at `at`.
@@ -240,6 +241,9 @@ pub enum Trap {
 /// ends or a reference traps. The batch lives in locals for the loop and is
 /// written back once. `MEM`: a cache hierarchy is behind the references and
 /// the walker (compiled separately so that flat runs pay nothing for it).
+/// Each reference whose page differs from the last one's (or whose entry
+/// the last reference's access invalidated) is translated the full way
+/// here; it and the references after it on its page are run by `page_run`.
 fn run_batch<const MEM: bool>(
     w: &mut World,
     cpu: CpuId,
@@ -247,91 +251,26 @@ fn run_batch<const MEM: bool>(
     end: Cycles,
 ) -> Option<Trap> {
     let ci = cpu.index();
-    let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
     let mut b = w.threads[tid.0 as usize].batch?;
-    let refs = b.refs;
     let mut last_load = w.threads[tid.0 as usize].last_load;
     let mut trap = None;
-    let store = !matches!(refs.kind, RefKind::Load);
-    let park_inflight = MEM && w.park_inflight;
-    let l1_hit = w.l1_hit;
-    let mut more = b.pos < refs.count;
-    // The page and TLB slot the last reference translated through, while
-    // the batch stays on that page (see `translate_again`); not under
-    // romanescu10 §6.3's ideal invalidation, whose every hit checks its PTE.
-    let reuse = !MEM || !matches!(w.tlb_hw, TlbHardware::Ideal);
-    let mut last: Option<(Vpn, usize)> = None;
+    let store = !matches!(b.refs.kind, RefKind::Load);
+    let mut more = b.pos < b.refs.count;
     while more && w.cpus[ci].local < end {
         let va = b.va;
-        let vpn = Vpn(va >> PAGE_SHIFT);
-        let tr = match last {
-            Some((v, slot)) if v == vpn => translate_again(w, cpu, tid, va, store, slot),
-            _ => None,
-        };
-        match tr.map_or_else(|| translate::<MEM>(w, cpu, tid, va, store), Ok) {
+        match translate::<MEM>(w, cpu, tid, va, store) {
             Ok((pfn, slot)) => {
-                if reuse {
-                    last = Some((vpn, slot));
+                let run = PageRun {
+                    cpu,
+                    tid,
+                    end,
+                    pfn,
+                    slot,
+                };
+                match page_run::<MEM>(w, &run, &mut b, &mut last_load) {
+                    RunEnd::Next(m) => more = m,
+                    RunEnd::Parked => break,
                 }
-                let off = (va & (PAGE_SIZE - 1)) & !7;
-                let next = off + refs.stride;
-                if MEM && next < PAGE_SIZE && (next ^ off) >= 64 {
-                    // the next reference of a sweep, while the caches work,
-                    // when it starts a new 64-byte block (the host line
-                    // with this one's is already here)
-                    w.mem.prefetch(pfn, next);
-                }
-                if MEM {
-                    // The access goes through the caches (and, being a
-                    // store, self-snoops the PCAMs: romanescu10 §5.2).
-                    let pa = (pfn.0 << PAGE_SHIFT) | off;
-                    let lat = match refs.kind {
-                        RefKind::Load => w.mem_load(cpu, pa),
-                        RefKind::Store(_) => w.mem_store(cpu, pa),
-                        RefKind::Increment => {
-                            w.mem_access(cpu, pa, AccessKind::Load)
-                                + w.mem_access(cpu, pa, AccessKind::Store)
-                        }
-                    };
-                    // (The memory system never reads a CPU's clock, so the
-                    // reference's own cycles are added with its latency.)
-                    let c = &mut w.cpus[ci];
-                    c.local += ref_cycles + lat;
-                    // A miss that outlives the slice: the access performs
-                    // (or replays) when this CPU next runs. An L1 hit
-                    // performs at once (there is no miss to die during),
-                    // and so does an access whose own miss recalled its
-                    // translation (an L2 eviction of the PTE's block: the
-                    // PTE is unchanged at this instant). Both keep a
-                    // replayed access from being killed forever in tiny
-                    // caches.
-                    // A replay is retried in one step: cores storing to
-                    // blocks that hold each other's PTEs would otherwise
-                    // kill each other's retries forever (the paper does not
-                    // say how UNITD guarantees progress there).
-                    let retry = std::mem::take(&mut c.replaying);
-                    // (Read after the access, which may have invalidated it.)
-                    let entry = c.tlb.entry(slot);
-                    if park_inflight && c.local >= end && lat > l1_hit && entry.valid && !retry {
-                        debug_assert_eq!(entry.pfn, pfn, "the entry translated this access");
-                        c.inflight = Some(crate::cpu::InFlight {
-                            slot,
-                            pfn: entry.pfn,
-                            oracle_slot: entry.oracle_slot,
-                            fill_epoch: entry.fill_epoch,
-                            dirty: entry.dirty,
-                            va,
-                            killed: false,
-                        });
-                        // its data, for when it performs
-                        w.mem.prefetch(pfn, off);
-                        break;
-                    }
-                } else {
-                    w.cpus[ci].local += ref_cycles;
-                }
-                last_load = perform(w, pfn, off, refs.kind).unwrap_or(last_load);
-                more = b.advance();
             }
             Err(()) => {
                 trap = Some(Trap::Fault { va, store });
@@ -349,78 +288,233 @@ fn run_batch<const MEM: bool>(
     trap
 }
 
+/// A run of a batch's references on one page: the first was translated
+/// through `slot` to `pfn`.
+struct PageRun {
+    cpu: CpuId,
+    tid: ThreadId,
+    end: Cycles,
+    pfn: mmulab_machine::Pfn,
+    slot: usize,
+}
+
+/// How a run of references on one page ended.
+enum RunEnd {
+    /// A reference needs the full translation (another page, or its entry
+    /// is no longer usable), or the batch or the slice ended: whether the
+    /// batch has more.
+    Next(bool),
+    /// The last reference's miss outlives the slice: it is in flight
+    /// (romanescu10 §5.1) and stays next in the batch.
+    Parked,
+}
+
+/// Performs the reference `run` translated and then every next one of the
+/// batch on the same page, for as long as the slice lasts and the TLB
+/// entry in `slot` stays usable.
+///
+/// Each next reference is translated again through `slot`, without a
+/// lookup: between two references only this CPU ran, and only this loop
+/// touched the world, through references that neither write page tables
+/// (a user store to a table frame is a wild access and changes nothing)
+/// nor touch the TLB beyond the hit bookkeeping. With a cache hierarchy
+/// the access may also have invalidated TLB entries (PCAM hits and
+/// recalls under UNITD: they clear `valid` and insert nothing). So a still
+/// valid entry in `slot` is the one a lookup would find, and it is used as
+/// `translate` would use it: the hit recorded, the oracle checking the use
+/// (the count of checked uses is unchanged). An invalidated entry, or a
+/// store through an entry that is not yet writable and dirty, goes back to
+/// `translate`, which walks and may trap. Nothing here frees or remaps
+/// the frame either, so the world's parts are borrowed once for the run
+/// and the frame's words resolved once. Not under romanescu10 §6.3's
+/// ideal invalidation, whose every hit checks its PTE: there each
+/// reference is translated the full way.
+#[inline(always)]
+fn page_run<const MEM: bool>(
+    w: &mut World,
+    run: &PageRun,
+    b: &mut crate::program::Batch,
+    last_load: &mut u64,
+) -> RunEnd {
+    let (ci, slot, pfn, end) = (run.cpu.index(), run.slot, run.pfn, run.end);
+    let refs = b.refs;
+    let store = !matches!(refs.kind, RefKind::Load);
+    let ref_cycles = Cycles(w.cfg.costs.ref_cycles);
+    let park_inflight = MEM && w.park_inflight;
+    let l1_hit = w.l1_hit;
+    let reuse = !MEM || !matches!(w.tlb_hw, TlbHardware::Ideal);
+    let vpn = Vpn(b.va >> PAGE_SHIFT);
+    let World {
+        cpus,
+        oracle,
+        memsys,
+        probes,
+        counters,
+        mem,
+        refs: refs_done,
+        wild_accesses,
+        pmaps,
+        ..
+    } = w;
+    let mut ms = if MEM { memsys.as_deref_mut() } else { None };
+    let mut frame = mem.data_frame_mut(pfn);
+    loop {
+        let va = b.va;
+        let off = (va & (PAGE_SIZE - 1)) & !7;
+        let next = off + refs.stride;
+        if MEM
+            && next < PAGE_SIZE
+            && (next ^ off) >= 64
+            && let Some(f) = &frame
+        {
+            // the next reference of a sweep, while the caches work, when
+            // it starts a new 64-byte block (the host line with this
+            // one's is already here)
+            f.prefetch(next);
+        }
+        if let Some(ms) = ms.as_deref_mut() {
+            // The access goes through the caches (and, being a store,
+            // self-snoops the PCAMs: romanescu10 §5.2), each access's
+            // probes applied before the next (`World::mem_access`).
+            let pa = (pfn.0 << PAGE_SHIFT) | off;
+            let mut access = |kind| mem_access_in(ms, ci, pa, kind, probes, cpus, counters);
+            let lat = match refs.kind {
+                RefKind::Load => access(Some(AccessKind::Load)),
+                RefKind::Store(_) => access(None),
+                RefKind::Increment => {
+                    access(Some(AccessKind::Load)) + access(Some(AccessKind::Store))
+                }
+            };
+            // (The memory system never reads a CPU's clock, so the
+            // reference's own cycles are added with its latency.)
+            let c = &mut cpus[ci];
+            c.local += ref_cycles + lat;
+            // A miss that outlives the slice: the access performs (or
+            // replays) when this CPU next runs. An L1 hit performs at
+            // once (there is no miss to die during), and so does an
+            // access whose own miss recalled its translation (an L2
+            // eviction of the PTE's block: the PTE is unchanged at this
+            // instant). Both keep a replayed access from being killed
+            // forever in tiny caches.
+            // A replay is retried in one step: cores storing to blocks
+            // that hold each other's PTEs would otherwise kill each
+            // other's retries forever (the paper does not say how UNITD
+            // guarantees progress there).
+            let retry = std::mem::take(&mut c.replaying);
+            // (Read after the access, which may have invalidated it.)
+            let entry = c.tlb.entry(slot);
+            if park_inflight && c.local >= end && lat > l1_hit && entry.valid && !retry {
+                debug_assert_eq!(entry.pfn, pfn, "the entry translated this access");
+                c.inflight = Some(crate::cpu::InFlight {
+                    slot,
+                    pfn: entry.pfn,
+                    oracle_slot: entry.oracle_slot,
+                    fill_epoch: entry.fill_epoch,
+                    dirty: entry.dirty,
+                    va,
+                    killed: false,
+                });
+                // its data, for when it performs
+                if let Some(f) = &frame {
+                    f.prefetch(off);
+                }
+                return RunEnd::Parked;
+            }
+        } else {
+            cpus[ci].local += ref_cycles;
+        }
+        if let Some(v) = perform_in(frame.as_mut(), off, refs.kind, wild_accesses, refs_done) {
+            *last_load = v;
+        }
+        let more = b.advance();
+        // The next reference, translated again through `slot` while the
+        // batch stays on the page.
+        let c = &mut cpus[ci];
+        if !more || c.local >= end || !reuse || Vpn(b.va >> PAGE_SHIFT) != vpn {
+            return RunEnd::Next(more);
+        }
+        let e = *c.tlb.entry(slot);
+        if !e.valid || (store && !(e.writable && e.dirty)) {
+            return RunEnd::Next(true);
+        }
+        debug_assert!(
+            {
+                let pmap = if b.va >= KERNEL_BASE {
+                    Some(KERNEL_PMAP)
+                } else {
+                    c.pmap
+                };
+                pmap.is_some_and(|p| c.tlb.probe(e.vpn, pmaps[p.0 as usize].asid) == Some(slot))
+            },
+            "a lookup would find the same slot"
+        );
+        c.tlb.hit_again(slot);
+        let ctx = UseCtx {
+            cpu: run.cpu,
+            thread: run.tid.0,
+            va: b.va,
+            time: c.local,
+        };
+        oracle.check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
+    }
+}
+
+/// `World::mem_access` on the world's parts (`None`: a store, by
+/// `MemSystem::store`), inlined into `page_run` so that an L1 hit costs no
+/// call: the access, then the TLB invalidations its PCAM probes found.
+#[inline(always)]
+fn mem_access_in(
+    ms: &mut mmulab_memsys::MemSystem,
+    core: usize,
+    pa: u64,
+    kind: Option<AccessKind>,
+    probes: &mut Vec<mmulab_memsys::TlbProbe>,
+    cpus: &mut [crate::cpu::Cpu],
+    counters: &mut Counters,
+) -> Cycles {
+    let lat = match kind {
+        Some(k) => ms.access(core, pa, k, probes),
+        None => ms.store(core, pa, probes),
+    };
+    if !probes.is_empty() {
+        crate::memory::apply_probes(cpus, counters, probes);
+    }
+    Cycles(lat)
+}
+
 /// The data side of one reference at `off` in `pfn`, once it performs;
 /// returns the value a load read.
 #[inline(always)]
 fn perform(w: &mut World, pfn: mmulab_machine::Pfn, off: u64, kind: RefKind) -> Option<u64> {
-    let mut loaded = None;
-    if w.mem.is_data(pfn) {
-        match kind {
-            RefKind::Load => loaded = Some(w.mem.load(pfn, off)),
-            RefKind::Store(v) => w.mem.store(pfn, off, v),
-            RefKind::Increment => {
-                let v = w.mem.load(pfn, off);
-                loaded = Some(v);
-                w.mem.store(pfn, off, v.wrapping_add(1));
-            }
-        }
-    } else {
-        w.wild_accesses += 1;
-    }
-    w.refs += 1 + matches!(kind, RefKind::Increment) as u64;
-    loaded
+    let mut frame = w.mem.data_frame_mut(pfn);
+    perform_in(frame.as_mut(), off, kind, &mut w.wild_accesses, &mut w.refs)
 }
 
-/// The next reference of a batch on the page its last reference
-/// translated through `slot`: between the two, only this CPU ran, and
-/// only its own loop touched the world, through references that neither
-/// write page tables (a user store to a table frame is a wild access and
-/// changes nothing) nor touch the TLB beyond the lookup's hit
-/// bookkeeping. With a cache hierarchy the reference's access may also
-/// have invalidated TLB entries (PCAM hits and recalls under UNITD: they
-/// clear `valid` and insert nothing). So a still valid entry in `slot` is
-/// the one a lookup would find, and it is used as `translate` would use
-/// it: the hit recorded, the oracle checking the use (the count of checked
-/// uses is unchanged). An invalidated entry, or a store through an entry
-/// that is not yet writable and dirty, goes the full way (`None`), since
-/// that path walks and may trap. Not under §6.3's ideal invalidation,
-/// whose every hit walks to check its PTE (`run_batch` does not call it
-/// there).
+/// `perform` on a frame already resolved (`None`: no data frame, a wild
+/// access) and the world's two counters.
 #[inline(always)]
-fn translate_again(
-    w: &mut World,
-    cpu: CpuId,
-    tid: ThreadId,
-    va: u64,
-    store: bool,
-    slot: usize,
-) -> Option<(mmulab_machine::Pfn, usize)> {
-    let ci = cpu.index();
-    let e = *w.cpus[ci].tlb.entry(slot);
-    if !e.valid || (store && !(e.writable && e.dirty)) {
-        return None;
-    }
-    debug_assert_eq!(
-        e.vpn,
-        Vpn(va >> PAGE_SHIFT),
-        "the batch is on the entry's page"
-    );
-    debug_assert!(
-        {
-            let pmap = if va >= KERNEL_BASE {
-                Some(KERNEL_PMAP)
-            } else {
-                w.cpus[ci].pmap
-            };
-            pmap.is_some_and(|p| {
-                w.cpus[ci].tlb.probe(e.vpn, w.pmaps[p.0 as usize].asid) == Some(slot)
-            })
+fn perform_in(
+    frame: Option<&mut DataFrame<'_>>,
+    off: u64,
+    kind: RefKind,
+    wild_accesses: &mut u64,
+    refs: &mut u64,
+) -> Option<u64> {
+    let mut loaded = None;
+    match frame {
+        Some(f) => match kind {
+            RefKind::Load => loaded = Some(f.load(off)),
+            RefKind::Store(v) => f.store(off, v),
+            RefKind::Increment => {
+                let v = f.load(off);
+                loaded = Some(v);
+                f.store(off, v.wrapping_add(1));
+            }
         },
-        "a lookup would find the same slot"
-    );
-    w.cpus[ci].tlb.hit_again(slot);
-    check_hit(w, cpu, tid, va, &e, store);
-    Some((e.pfn, slot))
+        None => *wild_accesses += 1,
+    }
+    *refs += 1 + matches!(kind, RefKind::Increment) as u64;
+    loaded
 }
 
 /// Retires `cpu`'s access in flight, if any (romanescu10 §5.1): if a PCAM
