@@ -155,6 +155,42 @@ pub struct LockOrder {
     held: Vec<Vec<(LockRef, LockClass)>>,
     pub violations: u64,
     pub first: Option<String>,
+    /// The counter names of each class (and kernel path) seen, made once:
+    /// locks are taken on every fault and system call, and formatting the
+    /// names there cost more than the counting.
+    names: BTreeMap<(LockClass, Option<&'static str>), CounterNames>,
+}
+
+/// `lock.CLASS[.PATH].{contended,wait_cycles,acquired}`.
+#[derive(Clone, Debug)]
+struct CounterNames {
+    contended: String,
+    wait_cycles: String,
+    acquired: String,
+}
+
+impl CounterNames {
+    fn new(class: LockClass, path: Option<&str>) -> CounterNames {
+        let stem = match path {
+            Some(p) => format!("lock.{}.{p}", class.name()),
+            None => format!("lock.{}", class.name()),
+        };
+        CounterNames {
+            contended: format!("{stem}.contended"),
+            wait_cycles: format!("{stem}.wait_cycles"),
+            acquired: format!("{stem}.acquired"),
+        }
+    }
+
+    /// Counts one acquisition: `wait` cycles spent waiting when it was
+    /// contended.
+    fn count(&self, counters: &mut Counters, wait: Option<u64>) {
+        if let Some(cycles) = wait {
+            counters.add(&self.contended, 1);
+            counters.add(&self.wait_cycles, cycles);
+        }
+        counters.add(&self.acquired, 1);
+    }
 }
 
 impl LockOrder {
@@ -308,23 +344,21 @@ impl Sim {
         };
         let mut w = self.w();
         let now = w.now();
+        let w = &mut *w;
         w.lockorder.held[cpu.index()].push((l, class));
-        let name = class.name();
         let path = w.cpus[cpu.index()].lock_path;
-        if busy {
-            w.counters.add(&format!("lock.{name}.contended"), 1);
-            w.counters
-                .add(&format!("lock.{name}.wait_cycles"), (now - since).0);
-        }
-        w.counters.add(&format!("lock.{name}.acquired"), 1);
-        // The same, per kernel path of the acquiring thread (`Cpu::lock_path`).
-        if let Some(p) = path {
-            if busy {
-                w.counters.add(&format!("lock.{name}.{p}.contended"), 1);
-                w.counters
-                    .add(&format!("lock.{name}.{p}.wait_cycles"), (now - since).0);
-            }
-            w.counters.add(&format!("lock.{name}.{p}.acquired"), 1);
+        let wait = busy.then(|| (now - since).0);
+        // The class's counters, then the same per kernel path of the
+        // acquiring thread (`Cpu::lock_path`).
+        for key in [Some((class, None)), path.map(|p| (class, Some(p)))]
+            .into_iter()
+            .flatten()
+        {
+            w.lockorder
+                .names
+                .entry(key)
+                .or_insert_with(|| CounterNames::new(key.0, key.1))
+                .count(&mut w.counters, wait);
         }
     }
 
