@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use mmulab_engine::SimRng;
+use mmulab_protocols::InterruptSend;
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -214,6 +215,13 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
         } else {
             text.push_str(&format!("[kernel]\n{line}"));
         }
+        // §9's multicast and broadcast interrupts beside Fig. 1's loop;
+        // drawn after the levels, so that their draws are unchanged.
+        let send = *r.pick(&InterruptSend::NAMES);
+        text = text.replace(
+            "[protocol_options]\n",
+            &format!("[protocol_options]\ninterrupt_send = \"{send}\"\n"),
+        );
     }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
 }

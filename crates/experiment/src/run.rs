@@ -109,6 +109,8 @@ pub fn run_seed_until(spec: &Spec, seed: u64, stop: Option<&Arc<AtomicBool>>) ->
         hat_lock_per_pt: o.hat_lock_per_pt,
         shootdown_level: mmulab_protocols::ShootdownLevel::parse(&o.shootdown_level)
             .expect("validated protocol_options.shootdown_level"),
+        interrupt_send: mmulab_protocols::InterruptSend::parse(&o.interrupt_send)
+            .expect("validated protocol_options.interrupt_send"),
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

@@ -329,6 +329,9 @@ pub struct ProtocolOptionsSpec {
     /// kernel's, black89 §8-9) or `above-device` (§9's recommended design;
     /// the default).
     pub shootdown_level: String,
+    /// mach: how the initiator sends its interrupts, `each` (Fig. 1's
+    /// loop; the default), `multicast` or `broadcast` (black89 §9).
+    pub interrupt_send: String,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -345,6 +348,7 @@ impl Default for ProtocolOptionsSpec {
             fork_chunk_unlock: d.fork_chunk_unlock,
             hat_lock_per_pt: d.hat_lock_per_pt,
             shootdown_level: d.shootdown_level.name().into(),
+            interrupt_send: d.interrupt_send.name().into(),
         }
     }
 }
@@ -553,6 +557,14 @@ impl Spec {
                 "protocol_options.shootdown_level: must be one of {}, got {:?}",
                 mmulab_protocols::ShootdownLevel::NAMES.join(", "),
                 clip(level)
+            )));
+        }
+        let send = &self.protocol_options.interrupt_send;
+        if mmulab_protocols::InterruptSend::parse(send).is_none() {
+            return Err(invalid(format!(
+                "protocol_options.interrupt_send: must be one of {}, got {:?}",
+                mmulab_protocols::InterruptSend::NAMES.join(", "),
+                clip(send)
             )));
         }
         let k = &self.kernel;
@@ -790,6 +802,11 @@ mod tests {
         );
         let e = err(BASE, &["kernel.disabled_level=\"device\""]);
         assert!(e.contains("kernel.disabled_level"), "{e}");
+        let e = err(BASE, &["protocol_options.interrupt_send=\"all\""]);
+        assert!(
+            e.contains("protocol_options.interrupt_send") && e.contains("broadcast"),
+            "{e}"
+        );
         let s = Spec::parse(
             BASE,
             &[

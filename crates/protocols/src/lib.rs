@@ -66,6 +66,54 @@ pub struct ProtocolOptions {
     /// mach: the level of the shootdown interrupt (black89 §4's fourth
     /// complication and §9's first hardware feature).
     pub shootdown_level: ShootdownLevel,
+    /// mach: how the initiator sends its shootdown interrupts (Fig. 1's
+    /// loop, or black89 §9's multicast or broadcast interrupt).
+    pub interrupt_send: InterruptSend,
+}
+
+/// How the mach initiator sends its shootdown interrupts (black89 §9,
+/// "Hardware support for multicast interrupts would also help").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterruptSend {
+    /// Fig. 1: one interrupt per responder, sent in a loop, each paying
+    /// the send.
+    Each,
+    /// §9: "This list can easily be maintained as a bit vector which is
+    /// then loaded into the hardware to cause the interrupts. This
+    /// replaces a for loop in the initiator's code with a small number of
+    /// instructions." One send reaches every responder; [A] it costs what
+    /// one send of the loop costs (`costs.ipi_send_cycles`).
+    Multicast,
+    /// §9: "Even a simple interrupt that is broadcast to all other
+    /// processors would be helpful; beyond some number of processors it is
+    /// faster to use a broadcast interrupt (and interrupt too many
+    /// processors) than it is to iterate down the list." One send (costed
+    /// as `Multicast`'s) reaches every other online processor: idle ones
+    /// and ones not using the pmap take the interrupt and find nothing to
+    /// do (or, if idle with actions queued, process them).
+    Broadcast,
+}
+
+impl InterruptSend {
+    /// The spec's names, in the order `parse` accepts them.
+    pub const NAMES: [&'static str; 3] = ["each", "multicast", "broadcast"];
+
+    pub fn parse(s: &str) -> Option<InterruptSend> {
+        match s {
+            "each" => Some(InterruptSend::Each),
+            "multicast" => Some(InterruptSend::Multicast),
+            "broadcast" => Some(InterruptSend::Broadcast),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            InterruptSend::Each => "each",
+            InterruptSend::Multicast => "multicast",
+            InterruptSend::Broadcast => "broadcast",
+        }
+    }
 }
 
 /// Where the mach shootdown interrupt sits among the interrupt levels.
@@ -130,6 +178,8 @@ impl Default for ProtocolOptions {
             // existed (unchanged runs); the encore-multimax-1989 preset
             // sets the measured kernel's `device`.
             shootdown_level: ShootdownLevel::AboveDevice,
+            // Fig. 1's loop, as mach ran before the option existed.
+            interrupt_send: InterruptSend::Each,
         }
     }
 }

@@ -25,7 +25,7 @@ use mmulab_kernel::pmap::KERNEL_PMAP;
 use mmulab_kernel::{Ipl, Irq, KFuture, PmapId, Protocol, Sim, Update};
 use mmulab_machine::{CpuId, Vpn};
 
-use crate::ProtocolOptions;
+use crate::{InterruptSend, ProtocolOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mutation {
@@ -123,6 +123,51 @@ impl Mach {
                 &format!("shootdown.{kind}.{what}_cycles"),
                 (sim.now() - start).0 as f64,
             );
+        }
+    }
+
+    /// Phase 1's interrupts to `shoot`, the responders that have none
+    /// pending, as `protocol_options.interrupt_send` says: one by one (Fig.
+    /// 1), or in one multicast or broadcast send (§9).
+    async fn send_interrupts(&self, sim: &Sim, me: CpuId, shoot: &[CpuId]) {
+        if shoot.is_empty() {
+            return;
+        }
+        match self.opts.interrupt_send {
+            InterruptSend::Each => {
+                for &c in shoot {
+                    self.cpus.borrow_mut()[c.index()].interrupt_pending = true;
+                    sim.send_ipi(me, c, Irq::Shootdown).await;
+                }
+            }
+            InterruptSend::Multicast => {
+                for &c in shoot {
+                    self.cpus.borrow_mut()[c.index()].interrupt_pending = true;
+                }
+                sim.count("mach.multicast_sends", 1);
+                sim.send_ipi_multicast(me, shoot, Irq::Shootdown).await;
+            }
+            InterruptSend::Broadcast => {
+                // Every other online processor, in processor order, the
+                // responders among them; the rest are interrupted for
+                // nothing (§9's "interrupt too many processors").
+                let all: Vec<CpuId> = {
+                    let w = sim.w();
+                    (0..w.cpus.len())
+                        .map(|i| CpuId(i as u16))
+                        .filter(|&c| c != me && w.is_online(c))
+                        .collect()
+                };
+                for &c in &all {
+                    self.cpus.borrow_mut()[c.index()].interrupt_pending = true;
+                }
+                sim.count("mach.broadcast_sends", 1);
+                sim.count(
+                    "mach.broadcast_extra_interrupts",
+                    (all.len() - shoot.len()) as u64,
+                );
+                sim.send_ipi_multicast(me, &all, Irq::Shootdown).await;
+            }
         }
     }
 
@@ -294,10 +339,7 @@ impl Protocol for Mach {
                         sim.count("mach.idle_skipped", 1);
                     }
                 }
-                for &c in &shoot {
-                    self.cpus.borrow_mut()[c.index()].interrupt_pending = true;
-                    sim.send_ipi(me, c, Irq::Shootdown).await;
-                }
+                self.send_interrupts(sim, me, &shoot).await;
                 if self.mutation != Mutation::NoWait {
                     for &c in &wait_for {
                         let pmap = u.pmap;

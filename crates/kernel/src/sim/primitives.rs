@@ -505,12 +505,20 @@ impl Sim {
             }
             return;
         }
+        self.send_ipi_multicast(cpu, targets, irq).await;
+        self.count("ipi.flat_sends", 1);
+    }
+
+    /// One send that reaches every CPU of `targets` (a multicast or
+    /// broadcast interrupt, black89 §9; Linux's flat APIC mode): the sender
+    /// pays one send, and each interrupt arrives after its own delivery
+    /// latency, drawn in `targets`' order.
+    pub async fn send_ipi_multicast(&self, cpu: CpuId, targets: &[CpuId], irq: Irq) {
         let costs = self.costs();
         self.delay(cpu, Cycles(costs.ipi_send_cycles)).await;
         for &t in targets {
             self.post_ipi(cpu, t, irq, &costs);
         }
-        self.count("ipi.flat_sends", 1);
     }
 
     /// Queues `irq`'s arrival at `target`, sent now by `cpu`.
