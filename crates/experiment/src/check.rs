@@ -222,6 +222,13 @@ pub fn swarm_spec(protocol: &str, seed: u64) -> Spec {
             "[protocol_options]\n",
             &format!("[protocol_options]\ninterrupt_send = \"{send}\"\n"),
         );
+        // §9's remotely invalidated TLBs on a quarter of the seeds.
+        if r.chance(0.25) {
+            text = text.replace(
+                "[protocol_options]\n",
+                "[protocol_options]\nremote_invalidate = true\n",
+            );
+        }
     }
     Spec::parse(&text, &[], "check swarm").expect("swarm specs are valid")
 }

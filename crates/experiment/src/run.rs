@@ -111,6 +111,7 @@ pub fn run_seed_until(spec: &Spec, seed: u64, stop: Option<&Arc<AtomicBool>>) ->
             .expect("validated protocol_options.shootdown_level"),
         interrupt_send: mmulab_protocols::InterruptSend::parse(&o.interrupt_send)
             .expect("validated protocol_options.interrupt_send"),
+        remote_invalidate: o.remote_invalidate,
     };
     let protocol = (entry.make)(&opts);
     let sim = Sim::new(

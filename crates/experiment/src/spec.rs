@@ -332,6 +332,9 @@ pub struct ProtocolOptionsSpec {
     /// mach: how the initiator sends its interrupts, `each` (Fig. 1's
     /// loop; the default), `multicast` or `broadcast` (black89 §9).
     pub interrupt_send: String,
+    /// mach: TLBs other processors can invalidate (black89 §9): no
+    /// interrupts, no responders; default false.
+    pub remote_invalidate: bool,
 }
 
 impl Default for ProtocolOptionsSpec {
@@ -349,6 +352,7 @@ impl Default for ProtocolOptionsSpec {
             hat_lock_per_pt: d.hat_lock_per_pt,
             shootdown_level: d.shootdown_level.name().into(),
             interrupt_send: d.interrupt_send.name().into(),
+            remote_invalidate: d.remote_invalidate,
         }
     }
 }

@@ -67,6 +67,7 @@ fn set() -> impl Strategy<Value = String> {
         any::<bool>().prop_map(|v| format!("protocol_options.lazy={v}")),
         prop_oneof![Just("device"), Just("above-device")].prop_map(|v| format!("protocol_options.shootdown_level=\"{v}\"")),
         prop_oneof![Just("each"), Just("multicast"), Just("broadcast")].prop_map(|v| format!("protocol_options.interrupt_send=\"{v}\"")),
+        any::<bool>().prop_map(|v| format!("protocol_options.remote_invalidate={v}")),
         prop_oneof![Just("all"), Just("high")].prop_map(|v| format!("kernel.disabled_level=\"{v}\"")),
         (0u64..5000).prop_map(|v| format!("costs.ipi_latency_cycles={v}")),
         (0u64..5000).prop_map(|v| format!("costs.trap_cycles={v}")),

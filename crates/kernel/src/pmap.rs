@@ -886,6 +886,34 @@ impl Sim {
         }
     }
 
+    /// black89 §9's remote invalidation: the hardware shoots `pages` of
+    /// `pmap` out of `target`'s TLBs (per entry up to `threshold` pages, a
+    /// full flush beyond) without interrupting it. An access of `target`
+    /// in flight whose translation is gone is killed and replays
+    /// (romanescu10 §5.1), as a PCAM hit kills it. Returns the sender's
+    /// cost: [A] one message per target, priced as an interrupt send
+    /// (both are one bus write to another processor); the remote TLB's
+    /// own work is the hardware's and costs no processor time.
+    pub fn tlb_invalidate_remote(
+        &self,
+        target: CpuId,
+        pmap: PmapId,
+        start: Vpn,
+        pages: u64,
+        threshold: u64,
+    ) -> Cycles {
+        let _ = self.tlb_invalidate_range(target, pmap, start, pages, threshold);
+        let mut w = self.w();
+        let c = &mut w.cpus[target.index()];
+        if let Some(f) = c.inflight.as_mut()
+            && !c.tlb.entry(f.slot).valid
+        {
+            f.killed = true;
+        }
+        w.counters.add("tlb.remote_invalidations", 1);
+        Cycles(w.cfg.costs.ipi_send_cycles)
+    }
+
     /// Flushes `cpu`'s non-global TLB entries (an x86 CR3 reload with
     /// global pages kept). Returns the cost.
     pub fn tlb_flush_user(&self, cpu: CpuId) -> Cycles {

@@ -69,6 +69,10 @@ pub struct ProtocolOptions {
     /// mach: how the initiator sends its shootdown interrupts (Fig. 1's
     /// loop, or black89 §9's multicast or broadcast interrupt).
     pub interrupt_send: InterruptSend,
+    /// mach: TLBs that other processors can invalidate (black89 §9): the
+    /// initiator changes the pmap and shoots the entries directly out of
+    /// the other TLBs, with no interrupt and no responder.
+    pub remote_invalidate: bool,
 }
 
 /// How the mach initiator sends its shootdown interrupts (black89 §9,
@@ -180,6 +184,7 @@ impl Default for ProtocolOptions {
             shootdown_level: ShootdownLevel::AboveDevice,
             // Fig. 1's loop, as mach ran before the option existed.
             interrupt_send: InterruptSend::Each,
+            remote_invalidate: false,
         }
     }
 }

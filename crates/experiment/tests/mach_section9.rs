@@ -1,6 +1,7 @@
-//! black89 §9's multicast and broadcast interrupts as the `mach` protocol
-//! sends them (`protocol_options.interrupt_send`), on Fig. 2's tester with
-//! the Encore Multimax preset.
+//! black89 §9's hardware features as `mach` protocol options, on Fig. 2's
+//! tester with the Encore Multimax preset: the multicast and broadcast
+//! interrupts (`protocol_options.interrupt_send`) and remotely invalidated
+//! TLBs (`protocol_options.remote_invalidate`).
 //!
 //! Fig. 1 sends one interrupt per responder in a loop; §9's multicast
 //! "replaces a for loop in the initiator's code with a small number of
@@ -16,6 +17,11 @@ use mmulab_experiment::run::run_seed;
 /// Fig. 2's tester with `children` responders on `cpus` CPUs, mach
 /// sending its interrupts as `send`.
 fn tester(cpus: u64, children: u64, send: &str) -> Spec {
+    tester_with(cpus, children, &format!("interrupt_send = \"{send}\""))
+}
+
+/// The tester with `options` in its `[protocol_options]`.
+fn tester_with(cpus: u64, children: u64, options: &str) -> Spec {
     let text = format!(
         r#"
 protocol = "mach"
@@ -27,7 +33,7 @@ cpus = {cpus}
 kind = "tester"
 children = {children}
 [protocol_options]
-interrupt_send = "{send}"
+{options}
 "#
     );
     Spec::parse(&text, &[], "test").expect("valid spec")
@@ -88,6 +94,38 @@ fn a_broadcast_interrupts_every_other_processor_for_the_multicast_price() {
         (broad - multi).abs() <= 0.02 * multi,
         "the initiator waits for the responders only: multicast {multi:.0}, broadcast {broad:.0}"
     );
+}
+
+#[test]
+fn remotely_invalidated_tlbs_need_no_interrupt_and_no_responder() {
+    let send = tester(16, 15, "each").costs.ipi_send_cycles as f64;
+    for children in [2u64, 15] {
+        let remote = tester_with(16, children, "remote_invalidate = true");
+        let r = run_seed(&remote, 1);
+        assert_eq!(r.sim.oracle.violations, 0, "the oracle found a stale use");
+        assert!(r.sim.liveness.is_none(), "{:?}", r.sim.liveness);
+        let c = |n: &str| r.sim.counters.get(n);
+        assert_eq!(c("interrupts.shootdown"), 0, "no shootdown interrupt");
+        assert!(
+            !r.sim.hists.contains_key("shootdown.user.responder_cycles"),
+            "no responder"
+        );
+        let events = c("shootdown.user.events");
+        assert!(events > 0, "the tester shot down");
+        assert_eq!(
+            c("tlb.remote_invalidations"),
+            events * children,
+            "every other TLB in use is invalidated once per shootdown"
+        );
+        // The initiator no longer queues, sends or waits: against Fig. 1's
+        // loop it saves at least every send.
+        let (each, _, _) = run(&tester(16, children, "each"));
+        let (mine, _, _) = run(&remote);
+        assert!(
+            mine + (children as f64) * send <= each,
+            "{children} responders: remote {mine:.0} cycles against Fig. 1's {each:.0}"
+        );
+    }
 }
 
 #[test]
