@@ -571,6 +571,15 @@ impl Spec {
                 clip(send)
             )));
         }
+        // Remote invalidation replaces Fig. 1's responders, which the mach
+        // negative controls mutate and the other protocols do not have: it
+        // would do nothing there, or undo the mutation.
+        if self.protocol_options.remote_invalidate && self.protocol != "mach" {
+            return Err(invalid(format!(
+                "protocol_options.remote_invalidate: only protocol \"mach\" has it, got {:?}",
+                clip(&self.protocol)
+            )));
+        }
         let k = &self.kernel;
         if kernel_disabled_ipl(&k.disabled_level).is_none() {
             return Err(invalid(format!(
@@ -806,6 +815,11 @@ mod tests {
         );
         let e = err(BASE, &["kernel.disabled_level=\"device\""]);
         assert!(e.contains("kernel.disabled_level"), "{e}");
+        let e = err(BASE, &["protocol_options.remote_invalidate=true"]);
+        assert!(
+            e.contains("protocol_options.remote_invalidate") && e.contains("mach"),
+            "{e}"
+        );
         let e = err(BASE, &["protocol_options.interrupt_send=\"all\""]);
         assert!(
             e.contains("protocol_options.interrupt_send") && e.contains("broadcast"),
