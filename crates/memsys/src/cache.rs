@@ -15,7 +15,7 @@
 //! Payloads are a separate array indexed by line (`set × ways + way`).
 
 use crate::config::CacheConfig;
-use mmulab_engine::prefetch;
+use mmulab_engine::prefetch_ptr;
 
 pub const INVALID: u64 = u64::MAX;
 
@@ -92,9 +92,15 @@ impl<M> Cache<M> {
         self.recs[i / 8].0[i % 8]
     }
 
+    /// `line`'s (tag, stamp) pair, found with one bounds check: words
+    /// `2l` and `2l + 1` both lie in record `l / 4`.
     #[inline(always)]
-    fn word_mut(&mut self, i: usize) -> &mut u64 {
-        &mut self.recs[i / 8].0[i % 8]
+    fn pair_mut(&mut self, line: usize) -> &mut [u64; 2] {
+        let r = &mut self.recs[line / 4].0;
+        let k = 2 * (line % 4);
+        (&mut r[k..k + 2])
+            .try_into()
+            .expect("a pair lies in one record")
     }
 
     /// The line holding `block`, if any.
@@ -113,7 +119,7 @@ impl<M> Cache<M> {
     pub fn touch(&mut self, line: usize) {
         self.clock += 1;
         let i = self.tag_word(line) + 1;
-        *self.word_mut(i) = self.clock;
+        self.recs[i / 8].0[i % 8] = self.clock;
     }
 
     #[inline]
@@ -171,34 +177,34 @@ impl<M> Cache<M> {
     /// Installs `block` in `line` (the caller has dealt with the old content).
     #[inline]
     pub fn fill(&mut self, line: usize, block: u64, meta: M) {
-        let i = self.tag_word(line);
-        *self.word_mut(i) = block;
         self.meta[line] = meta;
-        self.touch(line);
+        self.clock += 1;
+        *self.pair_mut(line) = [block, self.clock];
     }
 
     /// Hints the host to fetch `block`'s set record and its lines'
     /// payloads (what a lookup, then a hit or a replacement, reads).
+    /// Unchecked addresses (`prefetch_ptr`): the set is in range by
+    /// construction, and a hint never faults.
     #[inline]
     pub fn prefetch_set(&self, block: u64) {
-        let set = self.set(block);
-        if let Some(r) = self.recs.get(set * self.ways / 4) {
-            prefetch(r);
-        }
-        let base = set * self.ways;
-        let metas = &self.meta[base..base + self.ways];
-        match (metas.first(), metas.last()) {
+        let base = self.set(block) * self.ways;
+        prefetch_ptr(self.recs.as_ptr().wrapping_add(base / 4));
+        let metas = self.meta.as_ptr().wrapping_add(base);
+        if size_of::<M>() * self.ways <= 64 {
             // Small payloads (L1 lines): a set spanning at most 64 bytes
             // lies in one or two host lines, fetched by its ends rather
             // than once per way.
-            (Some(first), Some(last)) if size_of_val(metas) <= 64 => {
-                prefetch(first);
-                prefetch(last);
+            prefetch_ptr(metas);
+            prefetch_ptr(metas.wrapping_add(self.ways - 1));
+        } else if self.ways == 4 {
+            // the L2 of every preset: four lines, without a loop
+            for w in 0..4 {
+                prefetch_ptr(metas.wrapping_add(w));
             }
-            _ => {
-                for m in metas {
-                    prefetch(m);
-                }
+        } else {
+            for w in 0..self.ways {
+                prefetch_ptr(metas.wrapping_add(w));
             }
         }
     }
@@ -206,9 +212,7 @@ impl<M> Cache<M> {
     /// Hints the host to fetch `line`'s payload.
     #[inline]
     pub fn prefetch_meta(&self, line: usize) {
-        if let Some(m) = self.meta.get(line) {
-            prefetch(m);
-        }
+        prefetch_ptr(self.meta.as_ptr().wrapping_add(line));
     }
 
     pub fn lines(&self) -> usize {
@@ -220,9 +224,7 @@ impl<M: Default> Cache<M> {
     /// Empties `line`.
     #[inline]
     pub fn clear(&mut self, line: usize) {
-        let i = self.tag_word(line);
-        *self.word_mut(i) = INVALID;
-        *self.word_mut(i + 1) = 0;
+        *self.pair_mut(line) = [INVALID, 0];
         self.meta[line] = M::default();
     }
 }

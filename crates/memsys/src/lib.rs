@@ -212,7 +212,8 @@ fn dec_pcam(l2: &mut Cache<L2Line>, block: u64) {
 }
 
 /// Removes an L1 array line, keeping the checker's copy counts. Inlined:
-/// every L1 replacement calls it, and it is a handful of instructions.
+/// it is a handful of instructions. (`evict_l1` does the same steps with
+/// the L2 line it reads anyway.)
 #[inline(always)]
 fn l1_remove(l1: &mut Cache<L1Line>, l2: &mut Cache<L2Line>, line: usize) {
     let block = l1.tag(line);
@@ -638,24 +639,26 @@ impl MemSystem {
     /// in the paper), write back if dirty. Leaves the line's tag and
     /// payload for `l2_install`, its only caller, to overwrite.
     fn evict_l2(&mut self, v: usize, probes: &mut Vec<TlbProbe>) {
-        let vb = self.l2.meta[v].block;
+        // The line read once; the recalls (rare) change its copy and PCAM
+        // counts, read again after them.
+        let m = &self.l2.meta[v];
+        let vb = m.block;
         if vb == INVALID {
             return;
         }
-        let (i_mask, d_mask) = (self.l2.meta[v].i_mask, self.l2.meta[v].d_mask);
-        let mut dirty = self.l2.meta[v].dirty;
+        let (i_mask, d_mask, version) = (m.i_mask, m.d_mask, m.version);
+        let (mut dirty, mut copies, mut pcam) = (m.dirty, m.copies, m.pcam);
         if i_mask | d_mask != 0 {
             dirty |= self.recall_l1s(vb, i_mask, d_mask);
+            copies = self.l2.meta[v].copies;
         }
-        if self.cfg.unitd && self.l2.meta[v].pcam != 0 && !self.cfg.faults.pcam_disabled {
+        if self.cfg.unitd && pcam != 0 && !self.cfg.faults.pcam_disabled {
             self.recall_pcams(v, vb, probes);
+            pcam = self.l2.meta[v].pcam;
         }
-        let m = &self.l2.meta[v];
         if self.checker.enabled {
-            let (copies, pcam) = (m.copies, m.pcam);
             self.checker.recall(vb, copies, pcam);
         }
-        let version = self.l2.meta[v].version;
         if version != 0 {
             self.mem_versions.set(vb, version);
         }
@@ -713,14 +716,20 @@ impl MemSystem {
         }
         let m = cache.meta[line];
         let l2i = m.l2 as usize;
-        l1_remove(cache, &mut self.l2, line);
-        if self.l2.meta[l2i].block != vb {
+        // `l1_remove`, its L2 line looked up once for the removal and
+        // for what follows
+        cache.clear(line);
+        let l2m = &mut self.l2.meta[l2i];
+        if l2m.block != vb {
             return; // a copy the controller had lost track of (fault)
+        }
+        l2m.copies = l2m.copies.saturating_sub(1);
+        if m.state.exclusive() {
+            l2m.writers = l2m.writers.saturating_sub(1);
         }
         let bit = 1u64 << core;
         let t = self.table[m.state as usize][Event::Evict as usize].expect("state of the protocol");
         let is_dir = self.net.is_directory();
-        let l2m = &mut self.l2.meta[l2i];
         if icache {
             l2m.i_mask &= !bit;
             return; // clean, silent
@@ -975,9 +984,10 @@ impl MemSystem {
         self.l2.prefetch_set(next);
         self.mem_versions.prefetch(next);
         let v = l1.victim(block + 1);
-        if l1.tag(v) != INVALID {
+        let tag = l1.tag(v);
+        if tag != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
-            self.pcams[c].prefetch(l1.tag(v));
+            self.pcams[c].prefetch(tag);
         }
     }
 
