@@ -95,8 +95,8 @@ impl<M> Cache<M> {
     /// `line`'s (tag, stamp) pair, found with one bounds check: words
     /// `2l` and `2l + 1` both lie in record `l / 4`.
     #[inline(always)]
-    fn pair_mut(&mut self, line: usize) -> &mut [u64; 2] {
-        let r = &mut self.recs[line / 4].0;
+    fn pair_in(recs: &mut [Rec], line: usize) -> &mut [u64; 2] {
+        let r = &mut recs[line / 4].0;
         let k = 2 * (line % 4);
         (&mut r[k..k + 2])
             .try_into()
@@ -114,6 +114,24 @@ impl<M> Cache<M> {
         way.map(|w| set * self.ways + w)
     }
 
+    /// `lookup`, else `victim`, the set found once: `Ok` with the line
+    /// holding `block`, or `Err` with the line it would replace.
+    #[inline(always)]
+    pub fn lookup_or_victim(&self, block: u64) -> Result<usize, usize> {
+        let set = self.set(block);
+        let base = set * self.ways;
+        if let Some(r) = self.record4(set) {
+            return match position4(r, block) {
+                Some(w) => Ok(base + w),
+                None => Err(base + victim4(r)),
+            };
+        }
+        match self.position_any(set, block) {
+            Some(w) => Ok(base + w),
+            None => Err(self.victim(block)),
+        }
+    }
+
     /// Marks `line` most recently used.
     #[inline]
     pub fn touch(&mut self, line: usize) {
@@ -124,7 +142,8 @@ impl<M> Cache<M> {
 
     #[inline]
     pub fn tag(&self, line: usize) -> u64 {
-        self.word(self.tag_word(line))
+        // the index of `pair_in`, so that a later write reuses its check
+        self.recs[line / 4].0[2 * (line % 4)]
     }
 
     /// The line `block` would replace: an empty way, else the LRU one
@@ -174,12 +193,28 @@ impl<M> Cache<M> {
         base + any.1
     }
 
+    /// `victim` and that line's tag, from the one set record.
+    #[inline(always)]
+    pub fn victim_tag(&self, block: u64) -> (usize, u64) {
+        let set = self.set(block);
+        if let Some(r) = self.record4(set) {
+            let w = victim4(r);
+            return (set * self.ways + w, r[2 * w]);
+        }
+        let v = self.victim(block);
+        (v, self.tag(v))
+    }
+
     /// Installs `block` in `line` (the caller has dealt with the old content).
     #[inline]
     pub fn fill(&mut self, line: usize, block: u64, meta: M) {
-        self.meta[line] = meta;
         self.clock += 1;
-        *self.pair_mut(line) = [block, self.clock];
+        let clock = self.clock;
+        // both places found before either is written (a write would make
+        // the compiler check the other's bounds again)
+        let (pair, m) = (Self::pair_in(&mut self.recs, line), &mut self.meta[line]);
+        *pair = [block, clock];
+        *m = meta;
     }
 
     /// Hints the host to fetch `block`'s set record and its lines'
@@ -224,8 +259,10 @@ impl<M: Default> Cache<M> {
     /// Empties `line`.
     #[inline]
     pub fn clear(&mut self, line: usize) {
-        *self.pair_mut(line) = [INVALID, 0];
-        self.meta[line] = M::default();
+        // as in `fill`, both places found first
+        let (pair, m) = (Self::pair_in(&mut self.recs, line), &mut self.meta[line]);
+        *pair = [INVALID, 0];
+        *m = M::default();
     }
 }
 
@@ -395,6 +432,7 @@ mod tests {
                 let r = &mut model[s];
                 let want = r.iter().position(|e| e.is_some_and(|(t, _)| t == b));
                 assert_eq!(c.lookup(b), want.map(|w| s * ways + w), "{ways} ways");
+                assert_eq!(c.lookup_or_victim(b), c.lookup(b).ok_or(c.victim(b)));
                 match want {
                     Some(w) if (x >> 20) & 7 == 0 => {
                         c.clear(s * ways + w);
@@ -410,6 +448,8 @@ mod tests {
                             (0..ways).min_by_key(|&w| r[w].map(|e| e.1)).unwrap()
                         });
                         assert_eq!(c.victim(b), s * ways + v, "{ways} ways");
+                        let t = r[v].map_or(INVALID, |e| e.0);
+                        assert_eq!(c.victim_tag(b), (s * ways + v, t), "{ways} ways");
                         assert_eq!(c.victim_where(b, |_| true), s * ways + v);
                         c.fill(s * ways + v, b, 0);
                         clock += 1;

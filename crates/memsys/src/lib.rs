@@ -611,18 +611,22 @@ impl MemSystem {
     /// per miss, and its call and return cost as much as its hit path.
     #[inline(always)]
     fn l2_get(&mut self, block: u64, probes: &mut Vec<TlbProbe>) -> (usize, u64) {
-        if let Some(i) = self.l2.lookup(block) {
-            self.stats.l2_hits += 1;
-            self.l2.touch(i);
-            return (i, 0);
-        }
+        let v = match self.l2.lookup_or_victim(block) {
+            Ok(i) => {
+                self.stats.l2_hits += 1;
+                self.l2.touch(i);
+                return (i, 0);
+            }
+            Err(v) => v,
+        };
         self.stats.l2_misses += 1;
-        let v = self.l2.victim(block);
         let mem = self.mem_latency();
         self.l2_install(v, block, probes);
         (v, mem)
     }
 
+    /// Inlined into `l2_get` (a call and a frame less per L2 miss); also
+    /// called by `pcam_insert`.
     #[inline]
     fn l2_install(&mut self, v: usize, block: u64, probes: &mut Vec<TlbProbe>) {
         self.evict_l2(v, probes);
@@ -708,10 +712,11 @@ impl MemSystem {
         }
     }
 
-    /// L1 replacement of `line` in `core`'s L1I or L1D.
-    fn evict_l1(&mut self, core: usize, icache: bool, line: usize) {
+    /// L1 replacement of `line`, holding `vb` (its tag), in `core`'s L1I
+    /// or L1D.
+    fn evict_l1(&mut self, core: usize, icache: bool, line: usize, vb: u64) {
         let cache = &mut self.l1[l1x(core, icache)];
-        let vb = cache.tag(line);
+        debug_assert_eq!(vb, cache.tag(line));
         if vb == INVALID {
             return;
         }
@@ -797,11 +802,11 @@ impl MemSystem {
         if cur.is_none() && !streamed {
             self.mem_versions.prefetch(block);
             let l1 = &self.l1[s];
-            let v = l1.victim(block);
-            if l1.tag(v) != INVALID {
+            let (v, tag) = l1.victim_tag(block);
+            if tag != INVALID {
                 self.l2.prefetch_meta(l1.meta[v].l2 as usize);
                 // a dirty victim asks its core's PCAMs for the keep bit
-                self.pcams[c].prefetch(l1.tag(v));
+                self.pcams[c].prefetch(tag);
             }
         }
         let bit = 1u64 << c;
@@ -855,8 +860,8 @@ impl MemSystem {
         let line = match cur {
             Some(l) => l,
             None => {
-                let v = self.l1[s].victim(block);
-                self.evict_l1(c, icache, v);
+                let (v, vb) = self.l1[s].victim_tag(block);
+                self.evict_l1(c, icache, v, vb);
                 v
             }
         };
@@ -966,8 +971,7 @@ impl MemSystem {
         l1.prefetch_set(next);
         self.l2.prefetch_set(next);
         self.mem_versions.prefetch(next);
-        let v = l1.victim(block + 1);
-        let tag = l1.tag(v);
+        let (v, tag) = l1.victim_tag(block + 1);
         if tag != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
             self.pcams[c].prefetch(tag);
