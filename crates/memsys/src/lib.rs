@@ -533,7 +533,10 @@ impl MemSystem {
     }
 
     /// §5.2 Solution #2: every local store self-snoops the local PCAMs;
-    /// then the checker's store invariant.
+    /// then the checker's store invariant. The usual case (the Jetty stops
+    /// the snoop, the check passes) calls nothing, so that it needs no
+    /// stack frame: the PCAM lookup (`probe_core`'s, past its filter) and
+    /// a violation's report are out of line.
     fn after_store(
         &mut self,
         core: usize,
@@ -546,12 +549,45 @@ impl MemSystem {
             return;
         }
         if !self.cfg.faults.no_self_snoop {
-            self.probe_core(core, block, pa, l2i, probes);
+            if self.cfg.jetty && !self.pcams[core].jetty.may_contain(block << self.shift) {
+                self.stats.jetty_filtered += 1;
+            } else {
+                return self.snoop_then_check(core, block, pa, l2i, probes);
+            }
         }
-        if self.checker.enabled && self.l2.meta[l2i].block == block {
-            let n = self.l2.meta[l2i].pcam;
-            self.checker.store_pcams(core, block, n);
+        self.check_store(core, block, l2i);
+    }
+
+    /// `after_store` past the Jetty: the PCAM lookup, then the check.
+    #[inline(never)]
+    fn snoop_then_check(
+        &mut self,
+        core: usize,
+        block: u64,
+        pa: u64,
+        l2i: usize,
+        probes: &mut Vec<TlbProbe>,
+    ) {
+        self.lookup_pcams(core, block, pa, l2i, probes);
+        self.check_store(core, block, l2i);
+    }
+
+    /// The checker's invariant 3 after a store by `core`.
+    #[inline(always)]
+    fn check_store(&mut self, core: usize, block: u64, l2i: usize) {
+        if self.checker.enabled {
+            let g = &self.l2.meta[l2i];
+            if g.block == block && g.pcam != 0 {
+                self.stale_tlb(core, block, g.pcam);
+            }
         }
+    }
+
+    /// `check_store`'s report (out of line: a violation).
+    #[cold]
+    #[inline(never)]
+    fn stale_tlb(&mut self, core: usize, block: u64, pcam: u32) {
+        self.checker.store_pcams(core, block, pcam);
     }
 
     /// One core's PCAM coherence lookup (§4.2), behind its Jetty (§6.4).
