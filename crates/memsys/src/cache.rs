@@ -15,7 +15,7 @@
 //! Payloads are a separate array indexed by line (`set × ways + way`).
 
 use crate::config::CacheConfig;
-use mmulab_engine::prefetch;
+use mmulab_engine::prefetch_ptr;
 
 pub const INVALID: u64 = u64::MAX;
 
@@ -92,9 +92,15 @@ impl<M> Cache<M> {
         self.recs[i / 8].0[i % 8]
     }
 
+    /// `line`'s (tag, stamp) pair, found with one bounds check: words
+    /// `2l` and `2l + 1` both lie in record `l / 4`.
     #[inline(always)]
-    fn word_mut(&mut self, i: usize) -> &mut u64 {
-        &mut self.recs[i / 8].0[i % 8]
+    fn pair_in(recs: &mut [Rec], line: usize) -> &mut [u64; 2] {
+        let r = &mut recs[line / 4].0;
+        let k = 2 * (line % 4);
+        (&mut r[k..k + 2])
+            .try_into()
+            .expect("a pair lies in one record")
     }
 
     /// The line holding `block`, if any.
@@ -108,17 +114,36 @@ impl<M> Cache<M> {
         way.map(|w| set * self.ways + w)
     }
 
+    /// `lookup`, else `victim`, the set found once: `Ok` with the line
+    /// holding `block`, or `Err` with the line it would replace.
+    #[inline(always)]
+    pub fn lookup_or_victim(&self, block: u64) -> Result<usize, usize> {
+        let set = self.set(block);
+        let base = set * self.ways;
+        if let Some(r) = self.record4(set) {
+            return match position4(r, block) {
+                Some(w) => Ok(base + w),
+                None => Err(base + victim4(r)),
+            };
+        }
+        match self.position_any(set, block) {
+            Some(w) => Ok(base + w),
+            None => Err(self.victim(block)),
+        }
+    }
+
     /// Marks `line` most recently used.
     #[inline]
     pub fn touch(&mut self, line: usize) {
         self.clock += 1;
         let i = self.tag_word(line) + 1;
-        *self.word_mut(i) = self.clock;
+        self.recs[i / 8].0[i % 8] = self.clock;
     }
 
     #[inline]
     pub fn tag(&self, line: usize) -> u64 {
-        self.word(self.tag_word(line))
+        // the index of `pair_in`, so that a later write reuses its check
+        self.recs[line / 4].0[2 * (line % 4)]
     }
 
     /// The line `block` would replace: an empty way, else the LRU one
@@ -168,37 +193,53 @@ impl<M> Cache<M> {
         base + any.1
     }
 
+    /// `victim` and that line's tag, from the one set record.
+    #[inline(always)]
+    pub fn victim_tag(&self, block: u64) -> (usize, u64) {
+        let set = self.set(block);
+        if let Some(r) = self.record4(set) {
+            let w = victim4(r);
+            return (set * self.ways + w, r[2 * w]);
+        }
+        let v = self.victim(block);
+        (v, self.tag(v))
+    }
+
     /// Installs `block` in `line` (the caller has dealt with the old content).
     #[inline]
     pub fn fill(&mut self, line: usize, block: u64, meta: M) {
-        let i = self.tag_word(line);
-        *self.word_mut(i) = block;
-        self.meta[line] = meta;
-        self.touch(line);
+        self.clock += 1;
+        let clock = self.clock;
+        // both places found before either is written (a write would make
+        // the compiler check the other's bounds again)
+        let (pair, m) = (Self::pair_in(&mut self.recs, line), &mut self.meta[line]);
+        *pair = [block, clock];
+        *m = meta;
     }
 
     /// Hints the host to fetch `block`'s set record and its lines'
     /// payloads (what a lookup, then a hit or a replacement, reads).
+    /// Unchecked addresses (`prefetch_ptr`): the set is in range by
+    /// construction, and a hint never faults.
     #[inline]
     pub fn prefetch_set(&self, block: u64) {
-        let set = self.set(block);
-        if let Some(r) = self.recs.get(set * self.ways / 4) {
-            prefetch(r);
-        }
-        let base = set * self.ways;
-        let metas = &self.meta[base..base + self.ways];
-        match (metas.first(), metas.last()) {
+        let base = self.set(block) * self.ways;
+        prefetch_ptr(self.recs.as_ptr().wrapping_add(base / 4));
+        let metas = self.meta.as_ptr().wrapping_add(base);
+        if size_of::<M>() * self.ways <= 64 {
             // Small payloads (L1 lines): a set spanning at most 64 bytes
             // lies in one or two host lines, fetched by its ends rather
             // than once per way.
-            (Some(first), Some(last)) if size_of_val(metas) <= 64 => {
-                prefetch(first);
-                prefetch(last);
+            prefetch_ptr(metas);
+            prefetch_ptr(metas.wrapping_add(self.ways - 1));
+        } else if self.ways == 4 {
+            // the L2 of every preset: four lines, without a loop
+            for w in 0..4 {
+                prefetch_ptr(metas.wrapping_add(w));
             }
-            _ => {
-                for m in metas {
-                    prefetch(m);
-                }
+        } else {
+            for w in 0..self.ways {
+                prefetch_ptr(metas.wrapping_add(w));
             }
         }
     }
@@ -206,9 +247,7 @@ impl<M> Cache<M> {
     /// Hints the host to fetch `line`'s payload.
     #[inline]
     pub fn prefetch_meta(&self, line: usize) {
-        if let Some(m) = self.meta.get(line) {
-            prefetch(m);
-        }
+        prefetch_ptr(self.meta.as_ptr().wrapping_add(line));
     }
 
     pub fn lines(&self) -> usize {
@@ -220,10 +259,10 @@ impl<M: Default> Cache<M> {
     /// Empties `line`.
     #[inline]
     pub fn clear(&mut self, line: usize) {
-        let i = self.tag_word(line);
-        *self.word_mut(i) = INVALID;
-        *self.word_mut(i + 1) = 0;
-        self.meta[line] = M::default();
+        // as in `fill`, both places found first
+        let (pair, m) = (Self::pair_in(&mut self.recs, line), &mut self.meta[line]);
+        *pair = [INVALID, 0];
+        *m = M::default();
     }
 }
 
@@ -393,6 +432,7 @@ mod tests {
                 let r = &mut model[s];
                 let want = r.iter().position(|e| e.is_some_and(|(t, _)| t == b));
                 assert_eq!(c.lookup(b), want.map(|w| s * ways + w), "{ways} ways");
+                assert_eq!(c.lookup_or_victim(b), c.lookup(b).ok_or(c.victim(b)));
                 match want {
                     Some(w) if (x >> 20) & 7 == 0 => {
                         c.clear(s * ways + w);
@@ -408,6 +448,8 @@ mod tests {
                             (0..ways).min_by_key(|&w| r[w].map(|e| e.1)).unwrap()
                         });
                         assert_eq!(c.victim(b), s * ways + v, "{ways} ways");
+                        let t = r[v].map_or(INVALID, |e| e.0);
+                        assert_eq!(c.victim_tag(b), (s * ways + v, t), "{ways} ways");
                         assert_eq!(c.victim_where(b, |_| true), s * ways + v);
                         c.fill(s * ways + v, b, 0);
                         clock += 1;

@@ -212,7 +212,8 @@ fn dec_pcam(l2: &mut Cache<L2Line>, block: u64) {
 }
 
 /// Removes an L1 array line, keeping the checker's copy counts. Inlined:
-/// every L1 replacement calls it, and it is a handful of instructions.
+/// it is a handful of instructions. (`evict_l1` does the same steps with
+/// the L2 line it reads anyway.)
 #[inline(always)]
 fn l1_remove(l1: &mut Cache<L1Line>, l2: &mut Cache<L2Line>, line: usize) {
     let block = l1.tag(line);
@@ -233,6 +234,12 @@ fn l1_remove(l1: &mut Cache<L1Line>, l2: &mut Cache<L2Line>, line: usize) {
     l1.clear(line);
 }
 
+/// Index in `MemSystem::l1` of core `c`'s L1I (`icache`) or L1D.
+#[inline(always)]
+fn l1x(c: usize, icache: bool) -> usize {
+    2 * c + icache as usize
+}
+
 #[derive(Clone)]
 pub struct MemSystem {
     cfg: MemConfig,
@@ -240,8 +247,9 @@ pub struct MemSystem {
     table: &'static [[Option<Transition>; 6]; 5],
     /// Per state: whether a load hits (`table`'s Load entry is a Hit).
     read_hits: [bool; 5],
-    l1i: Vec<Cache<L1Line>>,
-    l1d: Vec<Cache<L1Line>>,
+    /// Core `c`'s L1D at `2c`, its L1I at `2c + 1` (`l1x`): one index
+    /// per access, without a branch on the kind.
+    l1: Vec<Cache<L1Line>>,
     l2: Cache<L2Line>,
     pcams: Vec<PcamBank>,
     net: Network,
@@ -253,7 +261,7 @@ pub struct MemSystem {
     stats: MemStats,
     checker: Checker,
     deferred: Vec<TlbProbe>,
-    /// Per L1 (`2 × core + icache`), the block after its last miss: host
+    /// Per L1 (indexed as `l1`), the block after its last miss: host
     /// bookkeeping for prefetches only, never read by the model.
     streams: Vec<u64>,
 }
@@ -292,8 +300,12 @@ impl MemSystem {
                 coherence::table(cfg.protocol)[st as usize][Event::Load as usize]
                     .is_some_and(|t| t.action == Action::Hit)
             }),
-            l1i: (0..cfg.cores).map(|_| Cache::new(&cfg.l1i)).collect(),
-            l1d: (0..cfg.cores).map(|_| Cache::new(&cfg.l1d)).collect(),
+            l1: {
+                // allocated as before (every L1I, then every L1D), interleaved
+                let l1i: Vec<_> = (0..cfg.cores).map(|_| Cache::new(&cfg.l1i)).collect();
+                let l1d: Vec<_> = (0..cfg.cores).map(|_| Cache::new(&cfg.l1d)).collect();
+                l1d.into_iter().zip(l1i).flat_map(|(d, i)| [d, i]).collect()
+            },
             l2: Cache::new(&cfg.l2),
             pcams: (0..cfg.cores)
                 .map(|_| PcamBank::new(cfg.tlbs_per_core, cfg.pcam_entries))
@@ -389,7 +401,7 @@ impl MemSystem {
         pa: u64,
         probes: &mut Vec<TlbProbe>,
     ) -> Result<u64, Option<usize>> {
-        let cache = &mut self.l1d[core];
+        let cache = &mut self.l1[l1x(core, false)];
         let line = cache.lookup(block).ok_or(None)?;
         let m = cache.meta[line];
         let t = match self.table[m.state as usize][Event::Store as usize] {
@@ -425,11 +437,7 @@ impl MemSystem {
         kind: AccessKind,
     ) -> Result<u64, Option<usize>> {
         debug_assert_ne!(kind, AccessKind::Store);
-        let cache = if kind == AccessKind::IFetch {
-            &mut self.l1i[core]
-        } else {
-            &mut self.l1d[core]
-        };
+        let cache = &mut self.l1[l1x(core, kind == AccessKind::IFetch)];
         let line = cache.lookup(block).ok_or(None)?;
         let m = cache.meta[line];
         if !self.read_hits[m.state as usize] {
@@ -475,11 +483,7 @@ impl MemSystem {
         let block = pa >> self.shift;
         let is_store = kind == AccessKind::Store;
         let ev = if is_store { Event::Store } else { Event::Load };
-        let cache = if kind == AccessKind::IFetch {
-            &mut self.l1i[core]
-        } else {
-            &mut self.l1d[core]
-        };
+        let cache = &mut self.l1[l1x(core, kind == AccessKind::IFetch)];
         let found = cache.lookup(block);
         if let Some(line) = found {
             let m = cache.meta[line];
@@ -529,7 +533,10 @@ impl MemSystem {
     }
 
     /// §5.2 Solution #2: every local store self-snoops the local PCAMs;
-    /// then the checker's store invariant.
+    /// then the checker's store invariant. The usual case (the Jetty stops
+    /// the snoop, the check passes) calls nothing, so that it needs no
+    /// stack frame: the PCAM lookup (`probe_core`'s, past its filter) and
+    /// a violation's report are out of line.
     fn after_store(
         &mut self,
         core: usize,
@@ -542,12 +549,45 @@ impl MemSystem {
             return;
         }
         if !self.cfg.faults.no_self_snoop {
-            self.probe_core(core, block, pa, l2i, probes);
+            if self.cfg.jetty && !self.pcams[core].jetty.may_contain(block << self.shift) {
+                self.stats.jetty_filtered += 1;
+            } else {
+                return self.snoop_then_check(core, block, pa, l2i, probes);
+            }
         }
-        if self.checker.enabled && self.l2.meta[l2i].block == block {
-            let n = self.l2.meta[l2i].pcam;
-            self.checker.store_pcams(core, block, n);
+        self.check_store(core, block, l2i);
+    }
+
+    /// `after_store` past the Jetty: the PCAM lookup, then the check.
+    #[inline(never)]
+    fn snoop_then_check(
+        &mut self,
+        core: usize,
+        block: u64,
+        pa: u64,
+        l2i: usize,
+        probes: &mut Vec<TlbProbe>,
+    ) {
+        self.lookup_pcams(core, block, pa, l2i, probes);
+        self.check_store(core, block, l2i);
+    }
+
+    /// The checker's invariant 3 after a store by `core`.
+    #[inline(always)]
+    fn check_store(&mut self, core: usize, block: u64, l2i: usize) {
+        if self.checker.enabled {
+            let g = &self.l2.meta[l2i];
+            if g.block == block && g.pcam != 0 {
+                self.stale_tlb(core, block, g.pcam);
+            }
         }
+    }
+
+    /// `check_store`'s report (out of line: a violation).
+    #[cold]
+    #[inline(never)]
+    fn stale_tlb(&mut self, core: usize, block: u64, pcam: u32) {
+        self.checker.store_pcams(core, block, pcam);
     }
 
     /// One core's PCAM coherence lookup (§4.2), behind its Jetty (§6.4).
@@ -607,18 +647,23 @@ impl MemSystem {
     /// per miss, and its call and return cost as much as its hit path.
     #[inline(always)]
     fn l2_get(&mut self, block: u64, probes: &mut Vec<TlbProbe>) -> (usize, u64) {
-        if let Some(i) = self.l2.lookup(block) {
-            self.stats.l2_hits += 1;
-            self.l2.touch(i);
-            return (i, 0);
-        }
+        let v = match self.l2.lookup_or_victim(block) {
+            Ok(i) => {
+                self.stats.l2_hits += 1;
+                self.l2.touch(i);
+                return (i, 0);
+            }
+            Err(v) => v,
+        };
         self.stats.l2_misses += 1;
-        let v = self.l2.victim(block);
         let mem = self.mem_latency();
         self.l2_install(v, block, probes);
         (v, mem)
     }
 
+    /// Inlined into `l2_get` (a call and a frame less per L2 miss); also
+    /// called by `pcam_insert`.
+    #[inline]
     fn l2_install(&mut self, v: usize, block: u64, probes: &mut Vec<TlbProbe>) {
         self.evict_l2(v, probes);
         self.stats.memory_reads += 1;
@@ -637,25 +682,28 @@ impl MemSystem {
     /// L2 replacement: recall from every L1 and every PCAM (inclusion; not
     /// in the paper), write back if dirty. Leaves the line's tag and
     /// payload for `l2_install`, its only caller, to overwrite.
+    #[inline(always)]
     fn evict_l2(&mut self, v: usize, probes: &mut Vec<TlbProbe>) {
-        let vb = self.l2.meta[v].block;
+        // The line read once; the recalls (rare) change its copy and PCAM
+        // counts, read again after them.
+        let m = &self.l2.meta[v];
+        let vb = m.block;
         if vb == INVALID {
             return;
         }
-        let (i_mask, d_mask) = (self.l2.meta[v].i_mask, self.l2.meta[v].d_mask);
-        let mut dirty = self.l2.meta[v].dirty;
+        let (i_mask, d_mask, version) = (m.i_mask, m.d_mask, m.version);
+        let (mut dirty, mut copies, mut pcam) = (m.dirty, m.copies, m.pcam);
         if i_mask | d_mask != 0 {
             dirty |= self.recall_l1s(vb, i_mask, d_mask);
+            copies = self.l2.meta[v].copies;
         }
-        if self.cfg.unitd && self.l2.meta[v].pcam != 0 && !self.cfg.faults.pcam_disabled {
+        if self.cfg.unitd && pcam != 0 && !self.cfg.faults.pcam_disabled {
             self.recall_pcams(v, vb, probes);
+            pcam = self.l2.meta[v].pcam;
         }
-        let m = &self.l2.meta[v];
         if self.checker.enabled {
-            let (copies, pcam) = (m.copies, m.pcam);
             self.checker.recall(vb, copies, pcam);
         }
-        let version = self.l2.meta[v].version;
         if version != 0 {
             self.mem_versions.set(vb, version);
         }
@@ -673,15 +721,15 @@ impl MemSystem {
     fn recall_l1s(&mut self, vb: u64, i_mask: u64, d_mask: u64) -> bool {
         let mut dirty = false;
         for t in bits(i_mask) {
-            if let Some(l) = self.l1i[t].lookup(vb) {
-                l1_remove(&mut self.l1i[t], &mut self.l2, l);
+            if let Some(l) = self.l1[l1x(t, true)].lookup(vb) {
+                l1_remove(&mut self.l1[l1x(t, true)], &mut self.l2, l);
                 self.stats.recalls += 1;
             }
         }
         for t in bits(d_mask) {
-            if let Some(l) = self.l1d[t].lookup(vb) {
-                dirty |= self.l1d[t].meta[l].state.dirty();
-                l1_remove(&mut self.l1d[t], &mut self.l2, l);
+            if let Some(l) = self.l1[l1x(t, false)].lookup(vb) {
+                dirty |= self.l1[l1x(t, false)].meta[l].state.dirty();
+                l1_remove(&mut self.l1[l1x(t, false)], &mut self.l2, l);
                 self.stats.recalls += 1;
             }
         }
@@ -700,27 +748,30 @@ impl MemSystem {
         }
     }
 
-    /// L1 replacement of `line` in `core`'s L1I or L1D.
-    fn evict_l1(&mut self, core: usize, icache: bool, line: usize) {
-        let cache = if icache {
-            &mut self.l1i[core]
-        } else {
-            &mut self.l1d[core]
-        };
-        let vb = cache.tag(line);
+    /// L1 replacement of `line`, holding `vb` (its tag), in `core`'s L1I
+    /// or L1D.
+    fn evict_l1(&mut self, core: usize, icache: bool, line: usize, vb: u64) {
+        let cache = &mut self.l1[l1x(core, icache)];
+        debug_assert_eq!(vb, cache.tag(line));
         if vb == INVALID {
             return;
         }
         let m = cache.meta[line];
         let l2i = m.l2 as usize;
-        l1_remove(cache, &mut self.l2, line);
-        if self.l2.meta[l2i].block != vb {
+        // `l1_remove`, its L2 line looked up once for the removal and
+        // for what follows
+        cache.clear(line);
+        let l2m = &mut self.l2.meta[l2i];
+        if l2m.block != vb {
             return; // a copy the controller had lost track of (fault)
+        }
+        l2m.copies = l2m.copies.saturating_sub(1);
+        if m.state.exclusive() {
+            l2m.writers = l2m.writers.saturating_sub(1);
         }
         let bit = 1u64 << core;
         let t = self.table[m.state as usize][Event::Evict as usize].expect("state of the protocol");
         let is_dir = self.net.is_directory();
-        let l2m = &mut self.l2.meta[l2i];
         if icache {
             l2m.i_mask &= !bit;
             return; // clean, silent
@@ -777,7 +828,8 @@ impl MemSystem {
         // replace (a guess: a recall may yet empty a way of the set).
         // Skipped when this L1's previous miss was the block before: its
         // `prefetch_next` fetched all of these already.
-        let s = 2 * c + icache as usize;
+        // this L1's index, in `l1` and `streams`
+        let s = l1x(c, icache);
         let streamed = self.streams[s] == block;
         self.streams[s] = block + 1;
         if !streamed {
@@ -785,22 +837,16 @@ impl MemSystem {
         }
         if cur.is_none() && !streamed {
             self.mem_versions.prefetch(block);
-            let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
-            let v = l1.victim(block);
-            if l1.tag(v) != INVALID {
+            let l1 = &self.l1[s];
+            let (v, tag) = l1.victim_tag(block);
+            if tag != INVALID {
                 self.l2.prefetch_meta(l1.meta[v].l2 as usize);
                 // a dirty victim asks its core's PCAMs for the keep bit
-                self.pcams[c].prefetch(l1.tag(v));
+                self.pcams[c].prefetch(tag);
             }
         }
         let bit = 1u64 << c;
-        let cur_state = cur.map_or(State::I, |l| {
-            if icache {
-                self.l1i[c].meta[l].state
-            } else {
-                self.l1d[c].meta[l].state
-            }
-        });
+        let cur_state = cur.map_or(State::I, |l| self.l1[s].meta[l].state);
         let (l2i, mem_cycles) = if cur_state == State::I {
             self.l2_get(block, probes)
         } else {
@@ -810,27 +856,22 @@ impl MemSystem {
                 None => self.l2_get(block, probes),
             }
         };
+        // What a read asks of the L2 line, read once.
+        let g = &self.l2.meta[l2i];
+        let (owner, unshared) = (g.owner, g.i_mask | g.d_mask == 0 && g.pcam == 0);
         let ev = if is_store {
             Event::Store
-        } else {
-            let m = &self.l2.meta[l2i];
+        } else if !icache && self.cfg.protocol == Protocol::Moesi && unshared {
             // §5.3.1: E only if no cache and no PCAM holds the block.
-            if !icache
-                && self.cfg.protocol == Protocol::Moesi
-                && m.i_mask | m.d_mask == 0
-                && m.pcam == 0
-            {
-                Event::LoadExclusive
-            } else {
-                Event::Load
-            }
+            Event::LoadExclusive
+        } else {
+            Event::Load
         };
         let tr = self.table[cur_state as usize][ev as usize].expect("state of the protocol");
         let mut data = DataSource::L2 { mem_cycles };
         let mut invalidated = 0u64;
         match tr.action {
             Action::GetS => {
-                let owner = self.l2.meta[l2i].owner;
                 if owner != NO_OWNER {
                     self.forward_gets(owner as usize, block, l2i, &mut data);
                 }
@@ -855,12 +896,8 @@ impl MemSystem {
         let line = match cur {
             Some(l) => l,
             None => {
-                let v = if icache {
-                    self.l1i[c].victim(block)
-                } else {
-                    self.l1d[c].victim(block)
-                };
-                self.evict_l1(c, icache, v);
+                let (v, vb) = self.l1[s].victim_tag(block);
+                self.evict_l1(c, icache, v, vb);
                 v
             }
         };
@@ -889,11 +926,7 @@ impl MemSystem {
             l2: l2i as u32,
         };
         let (copies, writers) = (m.copies, m.writers);
-        let cache = if icache {
-            &mut self.l1i[c]
-        } else {
-            &mut self.l1d[c]
-        };
+        let cache = &mut self.l1[s];
         if cur.is_some() {
             cache.meta[line] = new;
             cache.touch(line);
@@ -928,8 +961,8 @@ impl MemSystem {
     /// A store by `c` invalidates `c`'s own L1I copy (out of line: rare).
     #[inline(never)]
     fn snoop_own_l1i(&mut self, c: usize, block: u64, l2i: usize) {
-        if let Some(l) = self.l1i[c].lookup(block) {
-            l1_remove(&mut self.l1i[c], &mut self.l2, l);
+        if let Some(l) = self.l1[l1x(c, true)].lookup(block) {
+            l1_remove(&mut self.l1[l1x(c, true)], &mut self.l2, l);
             self.stats.invalidations += 1;
         }
         self.l2.meta[l2i].i_mask &= !(1u64 << c);
@@ -939,11 +972,11 @@ impl MemSystem {
     /// usually finds no owner).
     #[inline(never)]
     fn forward_gets(&mut self, o: usize, block: u64, l2i: usize, data: &mut DataSource) {
-        if let Some(ol) = self.l1d[o].lookup(block) {
-            let os = self.l1d[o].meta[ol].state;
+        if let Some(ol) = self.l1[l1x(o, false)].lookup(block) {
+            let os = self.l1[l1x(o, false)].meta[ol].state;
             let ot =
                 self.table[os as usize][Event::FwdGetS as usize].expect("state of the protocol");
-            self.l1d[o].meta[ol].state = ot.next;
+            self.l1[l1x(o, false)].meta[ol].state = ot.next;
             let m = &mut self.l2.meta[l2i];
             if os.exclusive() && !ot.next.exclusive() {
                 m.writers = m.writers.saturating_sub(1);
@@ -969,15 +1002,15 @@ impl MemSystem {
     /// previous call fetched.
     #[inline]
     fn prefetch_next(&self, c: usize, icache: bool, block: u64) {
-        let l1 = if icache { &self.l1i[c] } else { &self.l1d[c] };
+        let l1 = &self.l1[l1x(c, icache)];
         let next = block + 2;
         l1.prefetch_set(next);
         self.l2.prefetch_set(next);
         self.mem_versions.prefetch(next);
-        let v = l1.victim(block + 1);
-        if l1.tag(v) != INVALID {
+        let (v, tag) = l1.victim_tag(block + 1);
+        if tag != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
-            self.pcams[c].prefetch(l1.tag(v));
+            self.pcams[c].prefetch(tag);
         }
     }
 
@@ -1034,21 +1067,21 @@ impl MemSystem {
         for t in bits(targets) {
             let tb = 1u64 << t;
             if self.l2.meta[l2i].d_mask & tb != 0 {
-                if let Some(l) = self.l1d[t].lookup(block) {
-                    let st = self.l1d[t].meta[l].state;
+                if let Some(l) = self.l1[l1x(t, false)].lookup(block) {
+                    let st = self.l1[l1x(t, false)].meta[l].state;
                     if ack_fault && st == State::S {
                         // acked, but the S copy stays (the fault)
                     } else {
-                        l1_remove(&mut self.l1d[t], &mut self.l2, l);
+                        l1_remove(&mut self.l1[l1x(t, false)], &mut self.l2, l);
                     }
                     self.stats.invalidations += 1;
                 }
                 self.l2.meta[l2i].d_mask &= !tb;
             }
             if self.l2.meta[l2i].i_mask & tb != 0 {
-                if let Some(l) = self.l1i[t].lookup(block) {
+                if let Some(l) = self.l1[l1x(t, true)].lookup(block) {
                     if !ack_fault {
-                        l1_remove(&mut self.l1i[t], &mut self.l2, l);
+                        l1_remove(&mut self.l1[l1x(t, true)], &mut self.l2, l);
                     }
                     self.stats.invalidations += 1;
                 }
@@ -1119,11 +1152,7 @@ impl MemSystem {
 
     /// Coherence state of `pa`'s block in a core's L1I or L1D.
     pub fn l1_state(&self, core: usize, pa: u64, icache: bool) -> State {
-        let c = if icache {
-            &self.l1i[core]
-        } else {
-            &self.l1d[core]
-        };
+        let c = &self.l1[l1x(core, icache)];
         c.lookup(pa >> self.shift)
             .map_or(State::I, |l| c.meta[l].state)
     }
