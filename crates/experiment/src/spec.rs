@@ -555,21 +555,28 @@ impl Spec {
             dw.validate("kernel.disabled_windows", e.max_cycles)
                 .map_err(invalid)?;
         }
-        let level = &self.protocol_options.shootdown_level;
-        if mmulab_protocols::ShootdownLevel::parse(level).is_none() {
-            return Err(invalid(format!(
-                "protocol_options.shootdown_level: must be one of {}, got {:?}",
-                mmulab_protocols::ShootdownLevel::NAMES.join(", "),
-                clip(level)
-            )));
-        }
-        let send = &self.protocol_options.interrupt_send;
-        if mmulab_protocols::InterruptSend::parse(send).is_none() {
-            return Err(invalid(format!(
-                "protocol_options.interrupt_send: must be one of {}, got {:?}",
-                mmulab_protocols::InterruptSend::NAMES.join(", "),
-                clip(send)
-            )));
+        let o = &self.protocol_options;
+        for (key, value, names, known) in [
+            (
+                "shootdown_level",
+                &o.shootdown_level,
+                &mmulab_protocols::ShootdownLevel::NAMES[..],
+                mmulab_protocols::ShootdownLevel::parse(&o.shootdown_level).is_some(),
+            ),
+            (
+                "interrupt_send",
+                &o.interrupt_send,
+                &mmulab_protocols::InterruptSend::NAMES[..],
+                mmulab_protocols::InterruptSend::parse(&o.interrupt_send).is_some(),
+            ),
+        ] {
+            if !known {
+                return Err(invalid(format!(
+                    "protocol_options.{key}: must be one of {}, got {:?}",
+                    names.join(", "),
+                    clip(value)
+                )));
+            }
         }
         // Remote invalidation replaces Fig. 1's responders, which the mach
         // negative controls mutate and the other protocols do not have: it
