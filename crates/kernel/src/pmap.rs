@@ -888,9 +888,10 @@ impl Sim {
 
     /// black89 §9's remote invalidation: the hardware shoots `pages` of
     /// `pmap` out of `target`'s TLBs (per entry up to `threshold` pages, a
-    /// full flush beyond) without interrupting it. An access of `target`
-    /// in flight whose translation is gone is killed and replays
-    /// (romanescu10 §5.1), as a PCAM hit kills it. Returns the sender's
+    /// full flush beyond) without interrupting it. No access of `target`
+    /// can be in flight: accesses are parked in flight only on UNITD
+    /// hardware (romanescu10 §5.1), whose protocols never invalidate
+    /// another CPU's TLB in software. Returns the sender's
     /// cost: [A] one message per target, priced as an interrupt send
     /// (both are one bus write to another processor); the remote TLB's
     /// own work is the hardware's and costs no processor time.
@@ -904,12 +905,10 @@ impl Sim {
     ) -> Cycles {
         let _ = self.tlb_invalidate_range(target, pmap, start, pages, threshold);
         let mut w = self.w();
-        let c = &mut w.cpus[target.index()];
-        if let Some(f) = c.inflight.as_mut()
-            && !c.tlb.entry(f.slot).valid
-        {
-            f.killed = true;
-        }
+        assert!(
+            w.cpus[target.index()].inflight.is_none(),
+            "a remote invalidation met an access in flight on {target}"
+        );
         w.counters.add("tlb.remote_invalidations", 1);
         Cycles(w.cfg.costs.ipi_send_cycles)
     }

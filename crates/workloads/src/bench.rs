@@ -163,6 +163,9 @@ impl Workload for Bench {
     }
 }
 
+/// References per batch; the kinds alternate batch by batch.
+const CHUNK: u64 = 1024;
+
 struct Sweeper {
     spec: BenchSpec,
     shared: Rc<RefCell<Shared>>,
@@ -222,14 +225,18 @@ impl Program for Sweeper {
                     prot: Prot::ReadWrite,
                 });
             }
-            3 => self.phase = 1,
+            // The pair is done: the chunk that was due when it began runs
+            // now (it is not skipped, so every thread makes exactly
+            // `refs_per_thread` references, however small the period).
+            3 => self.phase = 4,
             _ => {}
         }
-        let chunk = 1024u64;
+        let chunk = CHUNK.min(self.spec.refs_per_thread - self.done);
         let before = self.done;
-        self.done += chunk;
-        if (before + period - turn) / period != (self.done + period - turn) / period
-            && self.done > turn
+        let after = before + chunk;
+        if self.phase != 4
+            && (before + period - turn) / period != (after + period - turn) / period
+            && after > turn
         {
             self.phase = 2;
             return Op::Syscall(Syscall::Mprotect {
@@ -238,8 +245,10 @@ impl Program for Sweeper {
                 prot: Prot::Read,
             });
         }
+        self.phase = 1;
+        self.done = after;
         // Alternate private stores, private loads and shared loads.
-        let pos = before / chunk;
+        let pos = before / CHUNK;
         let (base, pages, kind) = match pos % 4 {
             0 => (
                 self.private_base(region),
