@@ -370,13 +370,7 @@ pub(super) fn captured_rows(
                     .iter()
                     .map(|a| a.secs_by_type[MissType::L2.index()])
                     .collect();
-                let max = l2.iter().cloned().fold(0.0, f64::max);
-                let knee = lowers
-                    .iter()
-                    .zip(&l2)
-                    .find(|(_, v)| **v <= 0.05 * max)
-                    .map(|(l, _)| *l)
-                    .unwrap_or(24);
+                let knee = l2_knee(&lowers, &l2, 24);
                 table.push(
                     ReproRow::plot_only(
                         "Fig. 5",

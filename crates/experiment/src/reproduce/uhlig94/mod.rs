@@ -459,6 +459,19 @@ fn live_lower_b(w: &Workload) -> (usize, usize) {
     )
 }
 
+/// Fig. 5's knee: the first lower-slot count of `lowers` at which the L2
+/// miss time `l2` (one value per count) falls to 5 % of its largest value,
+/// or `none` when it never does.
+fn l2_knee(lowers: &[usize], l2: &[f64], none: usize) -> usize {
+    let max = l2.iter().cloned().fold(0.0, f64::max);
+    lowers
+        .iter()
+        .zip(l2)
+        .find(|(_, v)| **v <= 0.05 * max)
+        .map(|(l, _)| *l)
+        .unwrap_or(none)
+}
+
 /// The first partition point of `lowers` that holds `n` L2 PTEs.
 fn first_holding(lowers: &[usize], n: usize) -> usize {
     lowers.iter().copied().find(|&l| l >= n).unwrap_or(n)

@@ -336,13 +336,7 @@ pub(super) fn fig5(cx: &Cx, table: &mut ReproTable, plots: &mut Plots) -> Result
                 .emergent(),
             );
         }
-        let max = l2.iter().cloned().fold(0.0, f64::max);
-        let knee = lowers
-            .iter()
-            .zip(&l2)
-            .find(|(_, v)| **v <= 0.05 * max)
-            .map(|(l, _)| *l)
-            .unwrap_or(16);
+        let knee = l2_knee(&lowers, &l2, 16);
         knee_found.push(knee);
         let live = live_l2(os, false);
         table.push(
