@@ -811,15 +811,17 @@ fn reproduce_fleisch89_reads_its_specs_from_experiments() {
 #[test]
 fn a_closed_output_pipe_ends_the_command_without_a_panic() {
     use std::os::unix::process::ExitStatusExt;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mmulab"))
+    // The read end is closed before the child starts: closing it after the
+    // spawn raced the child, whose small output could fit the pipe's buffer
+    // first and end with status 0.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_mmulab"))
         .arg("list")
-        .stdout(std::process::Stdio::piped())
+        .stdout(writer)
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    // Close the read end before the child writes anything.
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.signal(), Some(13), "{:?}; {err}", out.status);
