@@ -218,7 +218,8 @@ impl Sim {
         let c = &mut w.cpus[cpu.index()];
         c.resume_gen += 1;
         let generation = c.resume_gen;
-        w.queue.push(at, Event::Resume { cpu, generation });
+        // Every idle CPU polls the same period ahead: the queue's FIFO lane.
+        w.queue.push_periodic(at, Event::Resume { cpu, generation });
         true
     }
 
