@@ -231,6 +231,12 @@ pub struct World {
     pub(crate) idle_polls: Vec<Option<Cycles>>,
     /// How many of `spinners` are set.
     pub(crate) spinning: usize,
+    /// Counts the changes to what `rearm_spinners` reads: a wake-up
+    /// queued (`spin_queue`), a spinner joining a run, runs merged.
+    spin_epoch: u64,
+    /// The time and `spin_epoch` of the last `rearm_spinners` call that
+    /// re-queued nobody.
+    rearm_quiet: Option<(Cycles, u64)>,
     /// Per watched state, the CPUs whose spinners have found their
     /// condition false since it last changed (see `World::touch`); and per
     /// CPU, the list it is on.
@@ -343,6 +349,16 @@ impl World {
         if self.spinning == 0 {
             return;
         }
+        // A call that re-queued nobody, at this time, with no wake-up
+        // queued or moved between runs since: this one would re-queue
+        // nobody either (each spinner's choice reads its own state, its
+        // run's wake-up and `at`). When a 1,024-CPU shootdown ends, a
+        // thousand spinners leave at one time and each calls this.
+        if self.rearm_quiet == Some((at, self.spin_epoch)) {
+            debug_assert!(!self.rearm_would_push(at), "a skipped rearm had work");
+            return;
+        }
+        let epoch = self.spin_epoch;
         for s in 0..self.spinners.len() {
             if let Some(sp) = self.spinners[s] {
                 let wake = self.spin_runs[sp.run as usize].wake;
@@ -360,6 +376,19 @@ impl World {
                 }
             }
         }
+        // (A re-queue moved the epoch on.)
+        if self.spin_epoch == epoch {
+            self.rearm_quiet = Some((at, epoch));
+        }
+    }
+
+    /// Whether `rearm_spinners(at)` would re-queue a spinner (debug
+    /// builds check each call it skips).
+    fn rearm_would_push(&self, at: Cycles) -> bool {
+        self.spinners.iter().flatten().any(|sp| {
+            let wake = self.spin_runs[sp.run as usize].wake;
+            wake > at && sp.since + Cycles((at - sp.since).0.div_ceil(sp.step) * sp.step) < wake
+        })
     }
 
     /// A new, empty run (not queued).
@@ -387,6 +416,7 @@ impl World {
     /// Adds a spinner (its state in `spinners`) with its resume generation
     /// at the end of run `id`.
     pub(crate) fn spin_join(&mut self, id: u32, cpu: CpuId, generation: u64) {
+        self.spin_epoch += 1;
         let sp = self.spinners[cpu.index()]
             .as_mut()
             .expect("a queued spinner spins");
@@ -401,6 +431,7 @@ impl World {
 
     /// Moves run `from`'s members to the end of run `to` (`from` is freed).
     pub(crate) fn spin_merge(&mut self, to: u32, from: u32) {
+        self.spin_epoch += 1;
         let members = std::mem::take(&mut self.spin_runs[from as usize].members);
         for &(cpu, _) in &members {
             if let Some(sp) = &mut self.spinners[cpu.index()]
@@ -425,6 +456,7 @@ impl World {
 
     /// Queues run `id` to wake at `at`.
     pub(crate) fn spin_queue(&mut self, id: u32, at: Cycles) {
+        self.spin_epoch += 1;
         self.spin_runs[id as usize].wake = at;
         self.spin_wakes.push(at, id);
     }
@@ -672,6 +704,8 @@ impl Sim {
             now: Cycles::ZERO,
             spinners: vec![None; cfg.cpus],
             spinning: 0,
+            spin_epoch: 0,
+            rearm_quiet: None,
             idle_polls: vec![None; cfg.cpus],
             watchers: HashMap::new(),
             watch_listed: vec![None; cfg.cpus],
