@@ -126,6 +126,10 @@ impl<E> EventQueue<E> {
     }
 
     /// Removes and returns the earliest event, advancing `now` to its time.
+    /// Inlined: returned through memory, the event was read back by the
+    /// event loop in pieces that the host could not forward from the
+    /// store, a stall on every event.
+    #[inline]
     pub fn pop(&mut self) -> Option<(Cycles, E)> {
         if let Some(&(lane_time, lane_seq, _)) = self.lane.front() {
             let from_lane = match self.min {
@@ -150,6 +154,7 @@ impl<E> EventQueue<E> {
 
     /// Fills bucket 0 from the first non-empty bucket when it is empty
     /// and the heap is not: then `last` is the heap's smallest time.
+    #[inline(never)]
     fn refill(&mut self) {
         if self.at_last.is_empty() && self.occupied != 0 {
             let b = self.occupied.trailing_zeros() as usize;
@@ -173,6 +178,7 @@ impl<E> EventQueue<E> {
     }
 
     /// Pops the heap's earliest event.
+    #[inline]
     fn pop_heap(&mut self) -> Option<(Cycles, E)> {
         if self.at_last.is_empty() && self.occupied == 0 {
             return None;
