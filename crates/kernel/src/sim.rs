@@ -429,29 +429,43 @@ impl World {
         r.step = step;
     }
 
-    /// Moves run `from`'s members to the end of run `to` (`from` is freed).
-    pub(crate) fn spin_merge(&mut self, to: u32, from: u32) {
+    /// Appends run `from`'s members to run `to`'s, in that order, and
+    /// frees one of the two: returns the merged run's id. The run with
+    /// more members is kept, so that its members' `run` stays as it is: a
+    /// run of a thousand spinners was merged into a run of one, member by
+    /// member, at each of a 1,024-CPU shootdown's IPIs.
+    pub(crate) fn spin_merge(&mut self, to: u32, from: u32) -> u32 {
         self.spin_epoch += 1;
-        let members = std::mem::take(&mut self.spin_runs[from as usize].members);
-        for &(cpu, _) in &members {
+        let longer = |r: u32| self.spin_runs[r as usize].members.len();
+        let (keep, gone) = if longer(from) > longer(to) {
+            (from, to)
+        } else {
+            (to, from)
+        };
+        let mut moving = std::mem::take(&mut self.spin_runs[gone as usize].members);
+        for &(cpu, _) in &moving {
             if let Some(sp) = &mut self.spinners[cpu.index()]
-                && sp.run == from
+                && sp.run == gone
             {
-                sp.run = to;
+                sp.run = keep;
             }
         }
         let (clean, bound) = {
-            let f = &self.spin_runs[from as usize];
-            (f.clean, f.min_bound)
+            let g = &self.spin_runs[gone as usize];
+            (g.clean, g.min_bound)
         };
-        let r = &mut self.spin_runs[to as usize];
-        r.members.extend_from_slice(&members);
+        let r = &mut self.spin_runs[keep as usize];
+        if keep == to {
+            r.members.extend_from_slice(&moving);
+        } else {
+            r.members.splice(0..0, moving.iter().copied());
+        }
         r.clean &= clean;
         r.min_bound = r.min_bound.min(bound);
-        let mut members = members;
-        members.clear();
-        self.spin_runs[from as usize].members = members;
-        self.spin_free.push(from);
+        moving.clear();
+        self.spin_runs[gone as usize].members = moving;
+        self.spin_free.push(gone);
+        keep
     }
 
     /// Queues run `id` to wake at `at`.

@@ -120,7 +120,7 @@ impl Sim {
                 let target = if t > now { t } else { now + Cycles(1) };
                 let wake = now + Cycles((target - now).0.div_ceil(step) * step);
                 match out {
-                    Some((o, at)) if at == wake => w.spin_merge(o, id),
+                    Some((o, at)) if at == wake => out = Some((w.spin_merge(o, id), at)),
                     _ => {
                         if let Some((o, at)) = out {
                             w.spin_queue(o, at);
