@@ -358,6 +358,12 @@ fn page_run<const MEM: bool>(
     } = w;
     let mut ms = if MEM { memsys.as_deref_mut() } else { None };
     let mut frame = mem.data_frame_mut(pfn);
+    // The CPU's clock, kept here for the run and stored at each way out
+    // (and after each access through the caches, for the park check): a
+    // chain of read-modify-writes through the CPU's state cost its host
+    // latency on every reference. Nothing else in the run reads it (the
+    // memory system never reads a CPU's clock).
+    let mut local = cpus[ci].local;
     loop {
         let va = b.va;
         let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -388,7 +394,8 @@ fn page_run<const MEM: bool>(
             // (The memory system never reads a CPU's clock, so the
             // reference's own cycles are added with its latency.)
             let c = &mut cpus[ci];
-            c.local += ref_cycles + lat;
+            local += ref_cycles + lat;
+            c.local = local;
             // A miss that outlives the slice: the access performs (or
             // replays) when this CPU next runs. An L1 hit performs at
             // once (there is no miss to die during), and so does an
@@ -421,7 +428,7 @@ fn page_run<const MEM: bool>(
                 return RunEnd::Parked;
             }
         } else {
-            cpus[ci].local += ref_cycles;
+            local += ref_cycles;
         }
         if let Some(v) = perform_in(frame.as_mut(), off, refs.kind, wild_accesses, refs_done) {
             *last_load = v;
@@ -430,11 +437,13 @@ fn page_run<const MEM: bool>(
         // The next reference, translated again through `slot` while the
         // batch stays on the page.
         let c = &mut cpus[ci];
-        if !more || c.local >= end || !reuse || Vpn(b.va >> PAGE_SHIFT) != vpn {
+        if !more || local >= end || !reuse || Vpn(b.va >> PAGE_SHIFT) != vpn {
+            c.local = local;
             return RunEnd::Next(more);
         }
         let e = *c.tlb.entry(slot);
         if !e.valid || (store && !(e.writable && e.dirty)) {
+            c.local = local;
             return RunEnd::Next(true);
         }
         debug_assert!(
@@ -453,7 +462,7 @@ fn page_run<const MEM: bool>(
             cpu: run.cpu,
             thread: run.tid.0,
             va: b.va,
-            time: c.local,
+            time: local,
         };
         oracle.check_use(e.oracle_slot, e.fill_epoch, e.pfn, e.dirty, store, ctx);
     }
