@@ -232,9 +232,19 @@ impl Tlb {
     /// Callers check the precondition with `probe` in debug builds.
     #[inline(always)]
     pub fn hit_again(&mut self, slot: usize) {
-        self.hits += 1;
+        self.hits_again(slot, 1);
+    }
+
+    /// `n` calls of `hit_again(slot)` in one: the state they would leave
+    /// (the last stamp is the only one that stays).
+    #[inline(always)]
+    pub fn hits_again(&mut self, slot: usize, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.hits += n;
         if self.cfg.policy == Policy::Lru {
-            self.clock += 1;
+            self.clock += n;
             self.stamp[slot] = self.clock;
         }
     }

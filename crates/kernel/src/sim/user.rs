@@ -364,6 +364,11 @@ fn page_run<const MEM: bool>(
     // latency on every reference. Nothing else in the run reads it (the
     // memory system never reads a CPU's clock).
     let mut local = cpus[ci].local;
+    // Hits through `slot` not yet recorded in the TLB, for the same
+    // reason: recorded (`Tlb::hits_again`, the state the hits one by one
+    // would leave) before each access through the caches, whose probes
+    // may invalidate the entry, and at each way out.
+    let mut hits = 0u64;
     loop {
         let va = b.va;
         let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -379,6 +384,9 @@ fn page_run<const MEM: bool>(
             f.prefetch(next);
         }
         if let Some(ms) = ms.as_deref_mut() {
+            if hits != 0 {
+                cpus[ci].tlb.hits_again(slot, std::mem::take(&mut hits));
+            }
             // The access goes through the caches (and, being a store,
             // self-snoops the PCAMs: romanescu10 §5.2), each access's
             // probes applied before the next (`World::mem_access`).
@@ -439,11 +447,13 @@ fn page_run<const MEM: bool>(
         let c = &mut cpus[ci];
         if !more || local >= end || !reuse || Vpn(b.va >> PAGE_SHIFT) != vpn {
             c.local = local;
+            c.tlb.hits_again(slot, hits);
             return RunEnd::Next(more);
         }
         let e = *c.tlb.entry(slot);
         if !e.valid || (store && !(e.writable && e.dirty)) {
             c.local = local;
+            c.tlb.hits_again(slot, hits);
             return RunEnd::Next(true);
         }
         debug_assert!(
@@ -457,7 +467,7 @@ fn page_run<const MEM: bool>(
             },
             "a lookup would find the same slot"
         );
-        c.tlb.hit_again(slot);
+        hits += 1;
         let ctx = UseCtx {
             cpu: run.cpu,
             thread: run.tid.0,
