@@ -369,6 +369,10 @@ fn page_run<const MEM: bool>(
     // would leave) before each access through the caches, whose probes
     // may invalidate the entry, and at each way out.
     let mut hits = 0u64;
+    // The entry in `slot`: without caches nothing in the run writes a TLB,
+    // so it is the one read here for the whole run; with caches each
+    // access may invalidate it, and it is read again after each.
+    let mut e = *cpus[ci].tlb.entry(slot);
     loop {
         let va = b.va;
         let off = (va & (PAGE_SIZE - 1)) & !7;
@@ -450,7 +454,10 @@ fn page_run<const MEM: bool>(
             c.tlb.hits_again(slot, hits);
             return RunEnd::Next(more);
         }
-        let e = *c.tlb.entry(slot);
+        if MEM {
+            e = *c.tlb.entry(slot);
+        }
+        debug_assert_eq!(e, *c.tlb.entry(slot), "no TLB write in the run");
         if !e.valid || (store && !(e.writable && e.dirty)) {
             c.local = local;
             c.tlb.hits_again(slot, hits);
