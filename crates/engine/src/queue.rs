@@ -48,8 +48,11 @@ pub struct EventQueue<E> {
     /// The time of the last pop from the heap (at most `now`: pops from
     /// the lane leave it).
     last: u64,
-    /// The smallest time in the heap, kept so that `peek_time` is a load.
+    /// The smallest time in the heap.
     min: Option<Cycles>,
+    /// The smallest time queued (heap and lane), kept so that `peek_time`,
+    /// read at every turn of the event loop, is a load.
+    next: Option<Cycles>,
     len: usize,
     next_seq: u64,
     now: Cycles,
@@ -70,6 +73,7 @@ impl<E> EventQueue<E> {
             occupied: 0,
             last: 0,
             min: None,
+            next: None,
             len: 0,
             next_seq: 0,
             now: Cycles::ZERO,
@@ -105,6 +109,9 @@ impl<E> EventQueue<E> {
         if self.min.is_none_or(|m| time < m) {
             self.min = Some(time);
         }
+        if self.next.is_none_or(|m| time < m) {
+            self.next = Some(time);
+        }
     }
 
     /// As `push`, for an event no earlier than any pushed here before
@@ -120,6 +127,11 @@ impl<E> EventQueue<E> {
             "event scheduled in the past: {time} < now {}",
             self.now
         );
+        // (An empty lane's first entry may be the earliest queued; later
+        // ones are no earlier than the lane's front.)
+        if self.lane.is_empty() && self.next.is_none_or(|m| time < m) {
+            self.next = Some(time);
+        }
         self.lane.push_back((time.0, self.next_seq, event));
         self.next_seq += 1;
         self.len += 1;
@@ -137,7 +149,9 @@ impl<E> EventQueue<E> {
                 Some(m) if lane_time != m.0 => lane_time < m.0,
                 // One time at both fronts: the earlier push first.
                 Some(_) => {
-                    self.refill();
+                    if self.at_last.is_empty() {
+                        self.refill();
+                    }
                     lane_seq < self.at_last.front().expect("refilled").0
                 }
             };
@@ -146,6 +160,7 @@ impl<E> EventQueue<E> {
                 self.len -= 1;
                 debug_assert!(Cycles(t) >= self.now);
                 self.now = Cycles(t);
+                self.next = self.fronts_min();
                 return Some((self.now, event));
             }
         }
@@ -183,7 +198,9 @@ impl<E> EventQueue<E> {
         if self.at_last.is_empty() && self.occupied == 0 {
             return None;
         }
-        self.refill();
+        if self.at_last.is_empty() {
+            self.refill();
+        }
         let (_, event) = self.at_last.pop_front().expect("bucket 0 refilled");
         self.len -= 1;
         let time = Cycles(self.last);
@@ -197,15 +214,23 @@ impl<E> EventQueue<E> {
             let b = self.occupied.trailing_zeros() as usize;
             self.buckets[b].iter().map(|&(t, _, _)| Cycles(t)).min()
         };
+        self.next = self.fronts_min();
         Some((time, event))
     }
 
+    /// The smaller of the heap's smallest time and the lane's front.
     #[inline]
-    pub fn peek_time(&self) -> Option<Cycles> {
+    fn fronts_min(&self) -> Option<Cycles> {
         match (self.min, self.lane.front()) {
             (Some(m), Some(&(t, _, _))) => Some(m.min(Cycles(t))),
             (m, l) => m.or(l.map(|&(t, _, _)| Cycles(t))),
         }
+    }
+
+    #[inline]
+    pub fn peek_time(&self) -> Option<Cycles> {
+        debug_assert_eq!(self.next, self.fronts_min());
+        self.next
     }
 
     /// The time of the last popped event.
