@@ -410,6 +410,26 @@ mod tests {
         }
     }
 
+    /// One pop from each, which must agree (time, event, `now`, length);
+    /// returns the time popped.
+    fn pop_both(a: &mut HeapQueue<u64>, b: &mut EventQueue<u64>, seed: u64) -> Option<u64> {
+        assert_eq!(a.peek_time(), b.peek_time(), "seed {seed}");
+        let (x, y) = (a.pop(), b.pop());
+        assert_eq!(x, y, "seed {seed}");
+        if let Some((t, _)) = x {
+            assert_eq!(b.now(), t);
+        }
+        assert_eq!(a.heap.len(), b.len());
+        x.map(|(t, _)| t.0)
+    }
+
+    /// Pops both to the end, in the same order, and leaves both empty.
+    fn drain_both(a: &mut HeapQueue<u64>, b: &mut EventQueue<u64>, seed: u64) {
+        while pop_both(a, b, seed).is_some() {}
+        assert!(b.is_empty());
+        assert_eq!(b.peek_time(), None);
+    }
+
     /// The radix heap pops what the binary heap popped, ties included, on
     /// random simulations: near and far times, bursts at one time, pushes
     /// between `now` and the queue's smallest time, the queue running dry.
@@ -437,21 +457,11 @@ mod tests {
                     b.push(Cycles(t), id);
                     id += 1;
                 }
-                assert_eq!(a.peek_time(), b.peek_time());
-                let (x, y) = (a.pop(), b.pop());
-                assert_eq!(x, y, "seed {seed}");
-                if let Some((t, _)) = x {
-                    now = t.0;
-                    assert_eq!(b.now(), t);
+                if let Some(t) = pop_both(&mut a, &mut b, seed) {
+                    now = t;
                 }
-                assert_eq!(a.heap.len(), b.len());
             }
-            while let Some(x) = a.pop() {
-                assert_eq!(Some(x), b.pop());
-            }
-            assert_eq!(b.pop(), None);
-            assert!(b.is_empty());
-            assert_eq!(b.peek_time(), None);
+            drain_both(&mut a, &mut b, seed);
         }
     }
 
@@ -491,19 +501,11 @@ mod tests {
                     }
                     id += 1;
                 }
-                assert_eq!(a.peek_time(), b.peek_time(), "seed {seed}");
-                let (x, y) = (a.pop(), b.pop());
-                assert_eq!(x, y, "seed {seed}");
-                if let Some((t, _)) = x {
-                    now = t.0;
-                    assert_eq!(b.now(), t);
+                if let Some(t) = pop_both(&mut a, &mut b, seed) {
+                    now = t;
                 }
-                assert_eq!(a.heap.len(), b.len());
             }
-            while let Some(x) = a.pop() {
-                assert_eq!(Some(x), b.pop());
-            }
-            assert_eq!(b.pop(), None);
+            drain_both(&mut a, &mut b, seed);
             assert!(
                 through_lane > 1000,
                 "seed {seed}: {through_lane} through the lane"
