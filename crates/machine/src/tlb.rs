@@ -225,18 +225,12 @@ impl Tlb {
         found
     }
 
-    /// Records one more use of `slot`, which `lookup` found for the same
-    /// page with nothing in this TLB changed since: the same hit count and
-    /// LRU stamp a second `lookup` would leave, without searching again.
+    /// Records `n` more uses of `slot`, which `lookup` found for the same
+    /// page with nothing in this TLB changed since: the hit count and LRU
+    /// stamp that `n` more `lookup`s one after the other would leave (the
+    /// last stamp is the only one that stays), without searching again.
     /// The hint is host-only state and stays as that `lookup` left it.
     /// Callers check the precondition with `probe` in debug builds.
-    #[inline(always)]
-    pub fn hit_again(&mut self, slot: usize) {
-        self.hits_again(slot, 1);
-    }
-
-    /// `n` calls of `hit_again(slot)` in one: the state they would leave
-    /// (the last stamp is the only one that stays).
     #[inline(always)]
     pub fn hits_again(&mut self, slot: usize, n: u64) {
         if n == 0 {
