@@ -244,6 +244,14 @@ impl<M> Cache<M> {
         }
     }
 
+    /// Hints the host to fetch `block`'s set record only (tags and
+    /// stamps; see `prefetch_set`).
+    #[inline]
+    pub fn prefetch_record(&self, block: u64) {
+        let base = self.set(block) * self.ways;
+        prefetch_ptr(self.recs.as_ptr().wrapping_add(base / 4));
+    }
+
     /// Hints the host to fetch `line`'s payload.
     #[inline]
     pub fn prefetch_meta(&self, line: usize) {

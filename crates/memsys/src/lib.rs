@@ -997,16 +997,24 @@ impl MemSystem {
     /// (hints only): by the time this core asks for them, their L1 and L2
     /// sets, their memory versions and the L2 line of the L1 line the next
     /// fill would replace are close at hand. Two blocks ahead for what is
-    /// found by address (one ahead was two ahead on the previous call);
-    /// one ahead for the replaced line's L2 line, read from the L1 set the
+    /// found by address (one ahead was two ahead on the previous call),
+    /// except the L2 set's payloads; one ahead for the L2 line the block
+    /// will find or replace (one of its set's four: the whole set was
+    /// four host lines per miss, three of them unused) and for the
+    /// replaced L1 line's L2 line, each read from the set record the
     /// previous call fetched.
     #[inline]
     fn prefetch_next(&self, c: usize, icache: bool, block: u64) {
         let l1 = &self.l1[l1x(c, icache)];
         let next = block + 2;
         l1.prefetch_set(next);
-        self.l2.prefetch_set(next);
+        self.l2.prefetch_record(next);
         self.mem_versions.prefetch(next);
+        // Of the next block's L2 set, fetched by the previous call, only
+        // the line a lookup would find or replace now (others' accesses
+        // may yet change it: a guess).
+        let (Ok(l) | Err(l)) = self.l2.lookup_or_victim(block + 1);
+        self.l2.prefetch_meta(l);
         let (v, tag) = l1.victim_tag(block + 1);
         if tag != INVALID {
             self.l2.prefetch_meta(l1.meta[v].l2 as usize);
