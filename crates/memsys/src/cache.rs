@@ -223,8 +223,8 @@ impl<M> Cache<M> {
     /// construction, and a hint never faults.
     #[inline]
     pub fn prefetch_set(&self, block: u64) {
+        self.prefetch_record(block);
         let base = self.set(block) * self.ways;
-        prefetch_ptr(self.recs.as_ptr().wrapping_add(base / 4));
         let metas = self.meta.as_ptr().wrapping_add(base);
         if size_of::<M>() * self.ways <= 64 {
             // Small payloads (L1 lines): a set spanning at most 64 bytes
