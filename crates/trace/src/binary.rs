@@ -754,6 +754,8 @@ pub fn decode_payload(
     accesses_before: u64,
     max_vpn: u64,
 ) -> std::result::Result<u64, (usize, String)> {
+    // (What makes the short records' one-compare range check exact.)
+    assert!(max_vpn <= u64::MAX >> 1, "page numbers fit a PageRef");
     let mut prev = [0u64; 2];
     let mut i = 0;
     let mut records = 0u64;
@@ -778,15 +780,14 @@ pub fn decode_payload(
             let kind = (b >> 6) as u64;
             let is_instr = kind == AccessKind::Ifetch as u64;
             let delta = (((b << 3) as i8) >> 3) as i64;
-            let Some(vpn) = if is_instr { instr } else { data }
-                .checked_add_signed(delta)
-                .filter(|&v| v <= max_vpn)
-            else {
-                return Err((
-                    i,
-                    out_of_range(if is_instr { instr } else { data }, delta, max_vpn),
-                ));
-            };
+            // One compare covers both ways out: `from` is at most `max_vpn`, far below
+            // `u64::MAX` (asserted above), so a step of at most 16 below page 0 wraps
+            // above `max_vpn`, and one above `max_vpn` cannot wrap.
+            let from = if is_instr { instr } else { data };
+            let vpn = from.wrapping_add_signed(delta);
+            if vpn > max_vpn {
+                return Err((i, out_of_range(from, delta, max_vpn)));
+            }
             if is_instr {
                 instr = vpn;
             } else {

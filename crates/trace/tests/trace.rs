@@ -1162,3 +1162,38 @@ fn a_grid_names_an_invalid_combination() {
     assert_eq!(mmulab_trace::parse_ways("4").unwrap(), Some(4));
     assert!(mmulab_trace::parse_ways("four").is_err());
 }
+
+/// A short record's page step is range-checked at both ends of the
+/// address space (one compare in the decoder): below page 0 and past the
+/// last page each fail at their own byte, and steps up to the last page
+/// and back down to page 0 decode.
+#[test]
+fn short_record_steps_checked_at_both_ends() {
+    // a data load (kind 0, no continuation) with a 5-bit signed delta
+    let load = |delta: i8| (delta as u8) & 0x1f;
+    let (mut refs, mut sys) = (Vec::new(), Vec::new());
+    let ok = [load(15), load(15), load(-15), load(-15)];
+    assert_eq!(
+        binary::decode_payload(&ok, &mut refs, Some(&mut sys), 0, 30),
+        Ok(4)
+    );
+    assert_eq!(
+        refs.iter().map(|r| r.vpn()).collect::<Vec<_>>(),
+        [15, 30, 15, 0]
+    );
+    for (payload, at, from, delta) in [
+        (vec![load(-1)], 0, 0, -1),
+        (vec![load(3), load(-4)], 1, 3, -4),
+        (vec![load(15), load(15), load(1)], 2, 30, 1),
+        (vec![load(-16)], 0, 0, -16),
+    ] {
+        refs.clear();
+        let (got_at, why) = binary::decode_payload(&payload, &mut refs, Some(&mut sys), 0, 30)
+            .expect_err("out of the address space");
+        assert_eq!(got_at, at, "{why}");
+        assert!(
+            why.contains(&format!("page delta {delta} from page {from:#x}")),
+            "{why}"
+        );
+    }
+}
