@@ -410,6 +410,16 @@ mod tests {
         }
     }
 
+    /// The reference queue and the radix queue, both empty.
+    fn empty_pair() -> (HeapQueue<u64>, EventQueue<u64>) {
+        let a = HeapQueue {
+            heap: Default::default(),
+            events: Vec::new(),
+            next_seq: 0,
+        };
+        (a, EventQueue::new())
+    }
+
     /// One pop from each, which must agree (time, event, `now`, length);
     /// returns the time popped.
     fn pop_both(a: &mut HeapQueue<u64>, b: &mut EventQueue<u64>, seed: u64) -> Option<u64> {
@@ -437,12 +447,7 @@ mod tests {
     fn radix_queue_matches_binary_heap() {
         for seed in 0..40 {
             let mut rng = crate::SimRng::new(seed, "radix");
-            let mut a = HeapQueue {
-                heap: Default::default(),
-                events: Vec::new(),
-                next_seq: 0,
-            };
-            let mut b = EventQueue::new();
+            let (mut a, mut b) = empty_pair();
             let mut now = 0u64;
             let mut id = 0u64;
             let span = [2, 16, 1000, 1 << 20, 1 << 40][seed as usize % 5];
@@ -473,12 +478,7 @@ mod tests {
     fn lane_and_heap_pop_in_binary_heap_order() {
         for seed in 0..40 {
             let mut rng = crate::SimRng::new(seed, "lane");
-            let mut a = HeapQueue {
-                heap: Default::default(),
-                events: Vec::new(),
-                next_seq: 0,
-            };
-            let mut b = EventQueue::new();
+            let (mut a, mut b) = empty_pair();
             let period = [1, 3, 8, 1500][seed as usize % 4];
             let (mut now, mut id, mut through_lane) = (0u64, 0u64, 0usize);
             for _ in 0..5000 {
